@@ -1,0 +1,5 @@
+import sys
+
+from trims.cli import main
+
+sys.exit(main())
