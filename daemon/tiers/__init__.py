@@ -1,0 +1,1 @@
+"""Store tiers: gpu, cpu (sealed memfd), disk (content-addressed files), cloud (remote sources)."""
