@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Build the trims runtime image without pulling from any registry:
+#   1. `pip wheel` the project and its dependency wheels on the host (into a reusable folder),
+#   2. `docker build --network none --build-arg BASE_IMAGE=...` from a context holding them.
+# The image is labelled with a digest of the sources; when an image with the same tag and the
+# same digest exists, nothing is rebuilt.
+#
+#   bash dockerfiles/build-image.sh                    # trims-runtime:latest on trims-base:bookworm
+#   TRIMS_IMAGE=trims-runtime:dev TRIMS_EXTRAS=onnx bash dockerfiles/build-image.sh
+#
+# Environment: TRIMS_IMAGE (tag), TRIMS_BASE_IMAGE (base tag; built by build-base.sh when
+# missing), TRIMS_EXTRAS (comma-separated extras, e.g. "onnx" or "torch,onnx"),
+# TRIMS_WHEEL_DIR (wheel cache, default /var/tmp/trims-wheels), PYTHON (host interpreter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE=${TRIMS_IMAGE:-trims-runtime:latest}
+BASE=${TRIMS_BASE_IMAGE:-trims-base:bookworm}
+EXTRAS=${TRIMS_EXTRAS:-}
+WHEELS=${TRIMS_WHEEL_DIR:-/var/tmp/trims-wheels}
+PY=${PYTHON:-python3}
+
+# What goes into the image: the package folders, the build files and this Dockerfile.
+digest=$(
+  {
+    find trims daemon runtime operators kernels evaluation -type f -name '*.py' -print0 2>/dev/null |
+      sort -z | xargs -0 sha256sum
+    sha256sum pyproject.toml setup.py dockerfiles/runtime.Dockerfile
+    echo "base=$(docker image inspect -f '{{.Id}}' "$BASE" 2>/dev/null || true) extras=$EXTRAS"
+  } | sha256sum | cut -c1-16
+)
+have=$(docker image inspect -f '{{index .Config.Labels "org.trims.source-digest"}}' "$IMAGE" \
+  2>/dev/null || true)
+if [ "$have" = "$digest" ]; then
+  echo "image $IMAGE is up to date (sources $digest)"
+  exit 0
+fi
+
+docker image inspect "$BASE" >/dev/null 2>&1 || TRIMS_BASE_IMAGE="$BASE" bash dockerfiles/build-base.sh
+
+ctx=$(mktemp -d /var/tmp/trims-image.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
+mkdir -p "$WHEELS" "$ctx/wheels"
+# Build from a copy of the sources so the working tree gets no build/ or egg-info droppings.
+mkdir -p "$ctx/src"
+tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml setup.py README.md \
+  $(ls -d trims daemon runtime operators kernels evaluation 2>/dev/null) | tar -x -C "$ctx/src"
+spec="$ctx/src"
+[ -n "$EXTRAS" ] && spec="$ctx/src[$EXTRAS]"
+echo "building wheels for trims${EXTRAS:+[$EXTRAS]} and its dependencies (cache $WHEELS)"
+# pip wheel puts every wheel this build resolves into the context, taking those already in the
+# cache from there; the cache then keeps them for the next build.
+"$PY" -m pip wheel -q --find-links "$WHEELS" -w "$ctx/wheels" "$spec" \
+  >"$ctx/pip.log" 2>&1 || {
+  tail -n 30 "$ctx/pip.log" >&2
+  exit 1
+}
+find "$ctx/wheels" -name '*.whl' ! -name 'trims-*' -exec cp -n {} "$WHEELS/" \;
+rm -rf "$ctx/src"
+cp dockerfiles/runtime.Dockerfile "$ctx/Dockerfile"
+trims_spec=trims
+[ -n "$EXTRAS" ] && trims_spec="trims[$EXTRAS]"
+echo "docker build $IMAGE on $BASE (--network none, $(ls "$ctx/wheels" | wc -l) wheels)"
+docker build -q --network none --build-arg BASE_IMAGE="$BASE" --build-arg TRIMS_SPEC="$trims_spec" \
+  --build-arg SOURCE_DIGEST="$digest" -t "$IMAGE" "$ctx" >/dev/null
+echo "image $IMAGE built (sources $digest)"

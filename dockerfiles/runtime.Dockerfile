@@ -1,0 +1,37 @@
+# The trims runtime image: the project and its dependencies installed from wheels that
+# build-image.sh built on the host, on a base image given as a build argument. The build needs
+# no network (build-image.sh runs it with --network none) and pulls nothing from a registry.
+#
+#   docker build --network none --build-arg BASE_IMAGE=trims-base:bookworm \
+#     -f dockerfiles/runtime.Dockerfile CONTEXT
+#
+# CONTEXT holds wheels/ (trims + every dependency). The base must provide python3 with venv
+# (build-base.sh makes one from Debian packages with debootstrap) and, optionally, tini.
+ARG BASE_IMAGE=trims-base:bookworm
+FROM ${BASE_IMAGE}
+
+ARG TRIMS_UID=10001
+ARG TRIMS_SPEC=trims
+ARG SOURCE_DIGEST=unknown
+LABEL org.trims.image="runtime" \
+      org.trims.source-digest="${SOURCE_DIGEST}"
+
+COPY wheels/ /tmp/wheels/
+RUN python3 -m venv /opt/trims \
+ && /opt/trims/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels "${TRIMS_SPEC}" \
+ && rm -rf /tmp/wheels \
+ && echo "trims:x:${TRIMS_UID}:${TRIMS_UID}:trims function:/home/trims:/usr/sbin/nologin" >> /etc/passwd \
+ && echo "trims:x:${TRIMS_UID}:" >> /etc/group \
+ && mkdir -p /home/trims /run/trims/w \
+ && chown "${TRIMS_UID}:${TRIMS_UID}" /home/trims /run/trims/w
+
+ENV PATH=/opt/trims/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/home/trims \
+    TRIMS_SOCKET=/run/trims/store.sock
+USER ${TRIMS_UID}:${TRIMS_UID}
+WORKDIR /home/trims
+# tini reaps children and forwards SIGTERM so the worker drains before the container stops.
+ENTRYPOINT ["/usr/bin/tini", "--", "trims"]
+CMD ["--help"]
