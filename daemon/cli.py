@@ -1,0 +1,152 @@
+"""`trims daemon`: run the node model store on its two Unix sockets until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from trims.config import (
+    EVICTION_POLICIES,
+    DaemonSettings,
+    TierBudgets,
+    data_dir,
+    default_socket,
+    parse_size,
+)
+from trims.errors import ValidationError
+from trims.telemetry import otlp_endpoint_from_env, setup_logging, setup_tracing
+
+log = logging.getLogger(__name__)
+
+_TIER_NAMES = ("cpu", "gpu", "disk")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store-dir", help="catalog and disk tier [$TRIMS_STORE_DIR]")
+    parser.add_argument("--socket", help="store socket path [$TRIMS_SOCKET]")
+    parser.add_argument("--socket-mode", help="store socket mode, octal [0660]")
+    parser.add_argument("--socket-group", help="group that may connect [$TRIMS_SOCKET_GROUP]")
+    parser.add_argument(
+        "--cpu-budget", help="host memory for models, e.g. 8GiB [$TRIMS_CPU_BUDGET]"
+    )
+    parser.add_argument("--disk-budget", help="disk for models [64GiB; $TRIMS_DISK_BUDGET]")
+    parser.add_argument("--gpu-budget", help="device memory per GPU [0 = off; $TRIMS_GPU_BUDGET]")
+    parser.add_argument(
+        "--eviction",
+        help="policy for all tiers (lru, lfu, fifo, never) or per tier, e.g. "
+        "'lru,gpu=never' [lru; $TRIMS_EVICTION]",
+    )
+    parser.add_argument("--s3-endpoint", help="S3-compatible endpoint [$TRIMS_S3_ENDPOINT]")
+    parser.add_argument(
+        "--metrics-address", help="serve Prometheus /metrics on host:port [$TRIMS_METRICS_ADDRESS]"
+    )
+    parser.add_argument("--otlp-endpoint", help="OTLP/HTTP trace endpoint [$TRIMS_OTLP_ENDPOINT]")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING [INFO; $TRIMS_LOG_LEVEL]")
+
+
+def parse_eviction(spec: str) -> tuple[str, dict[str, str]]:
+    """'lru' -> ('lru', {}); 'lfu,gpu=never' -> ('lfu', {'gpu': 'never'})."""
+    default = "lru"
+    per_tier: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        tier, eq, policy = part.rpartition("=")
+        if policy not in EVICTION_POLICIES or (eq and tier not in _TIER_NAMES):
+            raise ValidationError(
+                f"invalid eviction spec {spec!r}: use a policy of {EVICTION_POLICIES}, "
+                f"optionally per tier as TIER=POLICY with TIER in {_TIER_NAMES}"
+            )
+        if eq:
+            per_tier[tier] = policy
+        else:
+            default = policy
+    return default, per_tier
+
+
+def build_settings(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[DaemonSettings, dict[str, str], str]:
+    """Settings from argv, then TRIMS_* environment, then defaults."""
+
+    def pick(value: str | None, var: str) -> str | None:
+        return value if value is not None else (env.get(var) or None)
+
+    defaults = TierBudgets()
+    budgets = {}
+    for tier in _TIER_NAMES:
+        text = pick(getattr(args, f"{tier}_budget"), f"TRIMS_{tier.upper()}_BUDGET")
+        budgets[tier] = parse_size(text) if text is not None else getattr(defaults, tier)
+    mode_text = pick(args.socket_mode, "TRIMS_SOCKET_MODE") or "660"
+    try:
+        mode = int(mode_text, 8)
+    except ValueError as e:
+        raise ValidationError(f"invalid --socket-mode {mode_text!r}: use octal, e.g. 660") from e
+    default_policy, per_tier = parse_eviction(pick(args.eviction, "TRIMS_EVICTION") or "lru")
+    store_dir = pick(args.store_dir, "TRIMS_STORE_DIR")
+    socket_path = pick(args.socket, "TRIMS_SOCKET")
+    settings = DaemonSettings(
+        store_dir=Path(store_dir) if store_dir else data_dir(env),
+        socket_path=Path(socket_path) if socket_path else default_socket(env),
+        socket_mode=mode,
+        socket_group=pick(args.socket_group, "TRIMS_SOCKET_GROUP"),
+        budgets=TierBudgets(cpu=budgets["cpu"], disk=budgets["disk"], gpu=budgets["gpu"]),
+        eviction=default_policy,
+        s3_endpoint=pick(args.s3_endpoint, "TRIMS_S3_ENDPOINT"),
+        otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
+        metrics_address=pick(args.metrics_address, "TRIMS_METRICS_ADDRESS"),
+    )
+    return settings, per_tier, pick(args.log_level, "TRIMS_LOG_LEVEL") or "INFO"
+
+
+def run(args: argparse.Namespace) -> int:
+    settings, policies, level = build_settings(args, os.environ)
+    setup_logging(level)
+    setup_tracing("trims-daemon", settings.otlp_endpoint)
+    import uvloop
+
+    return uvloop.run(serve(settings, policies))
+
+
+async def serve(settings: DaemonSettings, policies: dict[str, str]) -> int:
+    from trims.daemon.metrics import DaemonMetrics, MetricsServer
+    from trims.daemon.server import Server
+    from trims.daemon.store import Store
+    from trims.daemon.tiers.gpu import open_gpu_tier
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    metrics = DaemonMetrics()
+    gpu = open_gpu_tier(settings.budgets.gpu)
+    store = Store(settings, metrics, policies=policies, gpu=gpu)
+    metrics_server: MetricsServer | None = None
+    server = Server(settings, store, metrics)
+    try:
+        store.start()
+        if settings.metrics_address:
+            metrics_server = MetricsServer(metrics, settings.metrics_address)
+        await server.start()
+        extra = f" metrics={metrics_server.url}" if metrics_server else ""
+        print(
+            f"trims daemon ready socket={settings.socket_path}{extra}", file=sys.stderr, flush=True
+        )
+        log.info(
+            "serving store %s on %s (admin %s)",
+            settings.store_dir,
+            settings.socket_path,
+            settings.admin_socket_path,
+        )
+        await stop.wait()
+        log.info("stopping: no new connections; closing clients and removing socket files")
+    finally:
+        await server.close()
+        if metrics_server is not None:
+            metrics_server.close()
+        store.close()
+    return 0

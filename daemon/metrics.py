@@ -1,0 +1,100 @@
+"""Prometheus metrics of the daemon, in their own registry, served over HTTP when configured."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from trims.errors import ValidationError
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+
+
+@dataclass
+class DaemonMetrics:
+    """Every metric the daemon exports; one instance per daemon."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.bytes_used = Gauge(
+            "trims_tier_bytes_used", "Bytes of resident models per tier", ["tier"], registry=r
+        )
+        self.bytes_budget = Gauge(
+            "trims_tier_bytes_budget", "Byte budget per tier (0: disabled)", ["tier"], registry=r
+        )
+        self.models_resident = Gauge(
+            "trims_tier_models_resident", "Models resident per tier", ["tier"], registry=r
+        )
+        self.leases = Gauge("trims_leases_live", "Live leases", registry=r)
+        self.connections = Gauge("trims_connections", "Open client connections", registry=r)
+        self.acquire_latency = Histogram(
+            "trims_acquire_seconds",
+            "Time from acquire request to reply, by the tier that served it",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.loads = Counter("trims_loads", "Model loads into a tier", ["tier"], registry=r)
+        self.load_duration = Histogram(
+            "trims_load_seconds",
+            "Duration of a model load into a tier",
+            ["tier"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "trims_evictions", "Models evicted from a tier", ["tier"], registry=r
+        )
+        self.errors = Counter("trims_errors", "Error replies by error code", ["code"], registry=r)
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint (prometheus_client's server in a daemon thread)."""
+
+    def __init__(self, metrics: DaemonMetrics, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValidationError(
+                f"invalid metrics address {address!r}: use host:port, e.g. 127.0.0.1:9464"
+            )
+        self._server: WSGIServer
+        self._thread: threading.Thread
+        self._server, self._thread = start_http_server(
+            int(port), addr=host, registry=metrics.registry
+        )
+        self.host = host
+        self.port = int(self._server.server_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,427 @@
+"""GPU tier: device memory that other processes import, through the CUDA driver API (ctypes).
+
+Note [exported device memory]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+::
+
+    cuMemCreate(POSIX_FD handle type, size rounded up to the allocation granularity)
+      └─ cuMemAddressReserve + cuMemMap + cuMemSetAccess(rw, daemon only)
+           └─ cuMemcpyHtoD(verified disk layout)              (daemon's copy-in)
+      └─ cuMemExportToShareableHandle -> fd ──SCM_RIGHTS──> client
+                                               cuMemImportFromShareableHandle + cuMemMap
+                                               + cuMemSetAccess(read-only where supported)
+
+The daemon keeps the allocation handle, its own mapping and the exported fd until the model
+leaves the tier, which happens only when no lease holds it (Note [lease keeps memory alive]).
+Where the device lacks POSIX-fd handles (or VMM), the legacy runtime path is used: cudaMalloc +
+cudaIpcGetMemHandle, sent as hex with no fd. Devices are named by UUID ("GPU-xxxxxxxx-...").
+Every CUresult other than success becomes a TrimsError naming the call and the CUDA error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import logging
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trims.daemon.tiers.memory import Export
+
+from trims.errors import CorruptModel, ResourceExhausted, TrimsError, Unavailable
+
+log = logging.getLogger(__name__)
+
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+CU_MEM_ACCESS_FLAGS_PROT_READ = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_MEMCPY_HOST_TO_DEVICE = 1
+
+
+class CUmemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class CUmemAllocFlags(ctypes.Structure):
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
+
+
+class CUmemAllocationProp(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", CUmemLocation),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", CUmemAllocFlags),
+    ]
+
+
+class CUmemAccessDesc(ctypes.Structure):
+    _fields_ = [("location", CUmemLocation), ("flags", ctypes.c_int)]
+
+
+class CudaError(TrimsError):
+    """A CUDA call failed; ``details`` carry the call and the CUresult."""
+
+
+def _load_library(names: tuple[str, ...]) -> ctypes.CDLL | None:
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+class CudaDriver:
+    """The few driver-API calls trims needs, each checked (CUresult -> TrimsError)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    @classmethod
+    def open(cls) -> CudaDriver:
+        """Load libcuda and cuInit; Unavailable when there is no driver or no device."""
+        lib = _load_library(("libcuda.so.1", "libcuda.so"))
+        if lib is None:
+            raise Unavailable("no CUDA driver (libcuda.so.1) on this node; the gpu tier is off")
+        driver = cls(lib)
+        driver.call("cuInit", ctypes.c_uint(0))
+        count = ctypes.c_int()
+        driver.call("cuDeviceGetCount", ctypes.byref(count))
+        if count.value == 0:
+            raise Unavailable("the CUDA driver sees no device; the gpu tier is off")
+        return driver
+
+    def error_text(self, code: int) -> str:
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self.lib.cuGetErrorName(code, ctypes.byref(name))
+        self.lib.cuGetErrorString(code, ctypes.byref(text))
+        return f"{(name.value or b'CUDA_ERROR').decode()} ({(text.value or b'').decode()})"
+
+    def call(self, fn: str, *args: Any) -> None:
+        code = int(getattr(self.lib, fn)(*args))
+        if code == 0:
+            return
+        text = self.error_text(code)
+        if code == CUDA_ERROR_OUT_OF_MEMORY:
+            raise ResourceExhausted(
+                f"{fn} failed: {text}; the device is full: lower --gpu-budget or free memory",
+                call=fn,
+                cuda_error=code,
+            )
+        raise CudaError(f"{fn} failed: {text}", call=fn, cuda_error=code)
+
+    def device(self, ordinal: int) -> int:
+        dev = ctypes.c_int()
+        self.call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(ordinal))
+        return dev.value
+
+    def attribute(self, attr: int, device: int) -> int:
+        value = ctypes.c_int()
+        self.call(
+            "cuDeviceGetAttribute", ctypes.byref(value), ctypes.c_int(attr), ctypes.c_int(device)
+        )
+        return value.value
+
+    def uuid(self, device: int) -> str:
+        raw = (ctypes.c_ubyte * 16)()
+        self.call("cuDeviceGetUuid", ctypes.byref(raw), ctypes.c_int(device))
+        h = bytes(raw).hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+    def primary_context(self, device: int) -> ctypes.c_void_p:
+        ctx = ctypes.c_void_p()
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), ctypes.c_int(device))
+        return ctx
+
+    def set_context(self, ctx: ctypes.c_void_p) -> None:
+        self.call("cuCtxSetCurrent", ctx)
+
+    def allocation_prop(self, device: int) -> CUmemAllocationProp:
+        prop = CUmemAllocationProp()
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop.location = CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device)
+        return prop
+
+    def granularity(self, prop: CUmemAllocationProp) -> int:
+        gran = ctypes.c_size_t()
+        self.call(
+            "cuMemGetAllocationGranularity",
+            ctypes.byref(gran),
+            ctypes.byref(prop),
+            ctypes.c_int(CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        )
+        return gran.value
+
+    def map(self, handle: int, size: int, device: int, flags: int) -> int:
+        """Reserve a VA range, map ``handle`` there and grant ``device`` ``flags`` access."""
+        ptr = ctypes.c_uint64()
+        self.call(
+            "cuMemAddressReserve",
+            ctypes.byref(ptr),
+            ctypes.c_size_t(size),
+            ctypes.c_size_t(0),
+            ctypes.c_uint64(0),
+            ctypes.c_uint64(0),
+        )
+        try:
+            self.call(
+                "cuMemMap",
+                ctypes.c_uint64(ptr.value),
+                ctypes.c_size_t(size),
+                ctypes.c_size_t(0),
+                ctypes.c_uint64(handle),
+                ctypes.c_uint64(0),
+            )
+            try:
+                desc = CUmemAccessDesc(CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device), flags)
+                self.call(
+                    "cuMemSetAccess",
+                    ctypes.c_uint64(ptr.value),
+                    ctypes.c_size_t(size),
+                    ctypes.byref(desc),
+                    ctypes.c_size_t(1),
+                )
+            except BaseException:
+                self.lib.cuMemUnmap(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size))
+                raise
+        except BaseException:
+            self.lib.cuMemAddressFree(ctypes.c_uint64(ptr.value), ctypes.c_size_t(size))
+            raise
+        return ptr.value
+
+    def unmap(self, ptr: int, size: int) -> None:
+        self.call("cuMemUnmap", ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+        self.call("cuMemAddressFree", ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+
+    def import_fd(self, fd: int) -> int:
+        """The allocation handle of an exported POSIX fd (the importer's side, used in tests)."""
+        handle = ctypes.c_uint64()
+        self.call(
+            "cuMemImportFromShareableHandle",
+            ctypes.byref(handle),
+            ctypes.c_void_p(fd),
+            ctypes.c_int(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        )
+        return handle.value
+
+    def copy_to_host(self, dst: Any, ptr: int, size: int) -> None:
+        self.call("cuMemcpyDtoH_v2", dst, ctypes.c_uint64(ptr), ctypes.c_size_t(size))
+
+
+@dataclass
+class _Allocation:
+    size: int
+    alloc_size: int
+    handle: int
+    ptr: int
+    fd: int | None
+    ipc_handle: str | None = None
+
+
+def round_up(n: int, granularity: int) -> int:
+    return (max(n, 1) + granularity - 1) // granularity * granularity
+
+
+def _host_view(source: Path, size: int, digest: str, label: str) -> mmap.mmap:
+    """A private mapping of the verified disk layout (ctypes needs a writable buffer)."""
+    with open(source, "rb") as f:
+        if os.fstat(f.fileno()).st_size < size:
+            raise CorruptModel(f"the disk copy of {label} is truncated; remove it and add it again")
+        view = mmap.mmap(
+            f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+    if hashlib.sha256(memoryview(view)).hexdigest() != digest:
+        view.close()
+        raise CorruptModel(f"the disk copy of {label} fails its digest check; add it again")
+    return view
+
+
+class GpuTier:
+    """Exported device memory on one CUDA device, by digest."""
+
+    name = "gpu"
+
+    def __init__(self, driver: CudaDriver, ordinal: int = 0) -> None:
+        self.driver = driver
+        self.ordinal = ordinal
+        self.device = driver.device(ordinal)
+        self.uuid = driver.uuid(self.device)
+        self._ctx = driver.primary_context(self.device)
+        self.vmm = bool(
+            driver.attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, self.device)
+            and driver.attribute(
+                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, self.device
+            )
+        )
+        self._prop = driver.allocation_prop(self.device)
+        self.granularity = driver.granularity(self._prop) if self.vmm else 2 << 20
+        self._allocs: dict[str, _Allocation] = {}
+        self._lock = threading.Lock()
+        self._cudart: ctypes.CDLL | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The names an acquire may give for this device: its UUID and its ordinal."""
+        return (self.uuid, str(self.ordinal))
+
+    def load(self, digest: str, source: Path, size: int, label: str) -> None:
+        with self._lock:
+            if digest in self._allocs:
+                return
+            self.driver.set_context(self._ctx)
+            view = _host_view(source, size, digest, label)
+            try:
+                host = ctypes.c_char.from_buffer(view)
+                try:
+                    alloc = self._load_vmm(host, size) if self.vmm else self._load_ipc(host, size)
+                finally:
+                    del host
+            finally:
+                view.close()
+            self._allocs[digest] = alloc
+        log.info(
+            "model %s loaded into gpu tier on %s (%d bytes, %s)",
+            label,
+            self.uuid,
+            alloc.alloc_size,
+            "vmm fd" if alloc.fd is not None else "cuda ipc",
+        )
+
+    def _load_vmm(self, host: ctypes.c_char, size: int) -> _Allocation:
+        d = self.driver
+        alloc_size = round_up(size, self.granularity)
+        handle = ctypes.c_uint64()
+        d.call(
+            "cuMemCreate",
+            ctypes.byref(handle),
+            ctypes.c_size_t(alloc_size),
+            ctypes.byref(self._prop),
+            ctypes.c_uint64(0),
+        )
+        try:
+            ptr = d.map(handle.value, alloc_size, self.device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            try:
+                d.call(
+                    "cuMemcpyHtoD_v2",
+                    ctypes.c_uint64(ptr),
+                    ctypes.byref(host),
+                    ctypes.c_size_t(size),
+                )
+                fd = ctypes.c_int(-1)
+                d.call(
+                    "cuMemExportToShareableHandle",
+                    ctypes.byref(fd),
+                    ctypes.c_uint64(handle.value),
+                    ctypes.c_int(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                    ctypes.c_uint64(0),
+                )
+                os.set_inheritable(fd.value, False)
+            except BaseException:
+                d.unmap(ptr, alloc_size)
+                raise
+        except BaseException:
+            d.lib.cuMemRelease(ctypes.c_uint64(handle.value))
+            raise
+        return _Allocation(size, alloc_size, handle.value, ptr, fd.value)
+
+    def _runtime(self) -> ctypes.CDLL:
+        if self._cudart is None:
+            found = ctypes.util.find_library("cudart")
+            names = ((found,) if found else ()) + ("libcudart.so", "libcudart.so.12")
+            self._cudart = _load_library(names)
+            if self._cudart is None:
+                raise Unavailable(
+                    f"device {self.uuid} has no POSIX-fd VMM support and libcudart for the "
+                    "legacy CUDA IPC path is missing; install the CUDA runtime"
+                )
+        return self._cudart
+
+    def _rt(self, fn: str, *args: Any) -> None:
+        rt = self._runtime()
+        code = int(getattr(rt, fn)(*args))
+        if code:
+            rt.cudaGetErrorString.restype = ctypes.c_char_p
+            text = (rt.cudaGetErrorString(code) or b"").decode()
+            raise CudaError(f"{fn} failed: error {code} ({text})", call=fn, cuda_error=code)
+
+    def _load_ipc(self, host: ctypes.c_char, size: int) -> _Allocation:
+        self._rt("cudaSetDevice", ctypes.c_int(self.ordinal))
+        ptr = ctypes.c_void_p()
+        alloc_size = round_up(size, self.granularity)
+        self._rt("cudaMalloc", ctypes.byref(ptr), ctypes.c_size_t(alloc_size))
+        try:
+            self._rt(
+                "cudaMemcpy",
+                ptr,
+                ctypes.byref(host),
+                ctypes.c_size_t(size),
+                ctypes.c_int(CUDA_MEMCPY_HOST_TO_DEVICE),
+            )
+            ipc = (ctypes.c_ubyte * 64)()
+            self._rt("cudaIpcGetMemHandle", ctypes.byref(ipc), ptr)
+        except BaseException:
+            self._runtime().cudaFree(ptr)
+            raise
+        return _Allocation(size, alloc_size, 0, int(ptr.value or 0), None, bytes(ipc).hex())
+
+    def export(self, digest: str) -> Export:
+        a = self._allocs[digest]
+        if a.fd is not None:
+            handle = {
+                "kind": "cuda_vmm",
+                "device_uuid": self.uuid,
+                "size": a.size,
+                "alloc_size": a.alloc_size,
+            }
+            return Export(handle, a.fd)
+        handle = {
+            "kind": "cuda_ipc",
+            "device_uuid": self.uuid,
+            "ipc_handle": a.ipc_handle,
+            "size": a.size,
+        }
+        return Export(handle, None)
+
+    def free(self, digest: str) -> None:
+        with self._lock:
+            a = self._allocs.pop(digest)
+            self.driver.set_context(self._ctx)
+            if a.fd is None:
+                self._runtime().cudaFree(ctypes.c_void_p(a.ptr))
+                return
+            os.close(a.fd)
+            self.driver.unmap(a.ptr, a.alloc_size)
+            self.driver.call("cuMemRelease", ctypes.c_uint64(a.handle))
+
+    def close(self) -> None:
+        for digest in list(self._allocs):
+            self.free(digest)
+
+
+def open_gpu_tier(budget: int, ordinal: int = 0) -> GpuTier | None:
+    """The GPU tier when a budget is set and CUDA works; None (tier off) otherwise."""
+    if budget <= 0:
+        return None
+    try:
+        return GpuTier(CudaDriver.open(), ordinal)
+    except TrimsError as e:
+        log.warning("gpu tier is off: %s (gpu budget %d bytes ignored)", e.message, budget)
+        return None
