@@ -1,0 +1,76 @@
+"""What every HTTP handler needs: the gateway, the authenticator, and request-body helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+from trims.runtime.gateway.auth import Authenticator
+from trims.runtime.gateway.service import Gateway
+
+from trims.errors import PayloadTooLarge, RequestError
+
+GATEWAY = web.AppKey("trims.gateway", Gateway)
+AUTH = web.AppKey("trims.auth", Authenticator)
+
+
+def gateway_of(request: web.Request) -> Gateway:
+    return request.app[GATEWAY]
+
+
+def auth_of(request: web.Request) -> Authenticator:
+    return request.app[AUTH]
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The body, refusing with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds this function's limit of {limit} bytes "
+            "(scaling.max_body_bytes)",
+            limit=limit,
+        )
+    if declared is not None:
+        try:
+            return await request.content.readexactly(declared) if declared else b""
+        except asyncio.IncompleteReadError as e:
+            raise RequestError(
+                f"the body ended after {len(e.partial)} of {declared} declared bytes"
+            ) from None
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge(
+                f"request body exceeds this function's limit of {limit} bytes "
+                "(scaling.max_body_bytes)",
+                limit=limit,
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body parsed as JSON; 400 saying what is wrong otherwise."""
+    body = await request.read()
+    if not body:
+        raise RequestError("the request needs a JSON body")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+
+
+def json_response(
+    doc: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(doc).encode(),
+        content_type="application/json",
+        headers=headers,
+    )

@@ -1,0 +1,97 @@
+"""The error middleware: every failure leaves the gateway as ``{"error": {"code", "message"}}``.
+
+Statuses come from the one table :data:`trims.errors.HTTP_STATUS`; aiohttp's own HTTP errors
+(unknown route, wrong method, body too large) are given the same JSON shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from trims.errors import HTTP_STATUS, QueueFull, TrimsError
+
+log = logging.getLogger(__name__)
+
+_AIOHTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    429: "queue_full",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return web.Response(
+        status=status,
+        body=json.dumps({"error": body}).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def trims_error_response(err: TrimsError) -> web.Response:
+    """The JSON answer for a trims error; 429 carries ``Retry-After``."""
+    headers: dict[str, str] = {}
+    if isinstance(err, QueueFull):
+        headers["Retry-After"] = str(int(err.details.get("retry_after_s", 1)))
+    if err.code == "unauthorized":
+        headers["WWW-Authenticate"] = 'Bearer realm="trims"'
+    details = {k: v for k, v in err.details.items() if _jsonable(v)}
+    return error_response(
+        HTTP_STATUS.get(err.code, 500), err.code, err.message, details=details, headers=headers
+    )
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool | list | dict) or value is None
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except TrimsError as e:
+        if e.http_status >= 500 and e.code != "internal":
+            log.info("%s %s answered %s: %s", request.method, request.path, e.code, e.message)
+        elif e.code == "internal":
+            log.exception("%s %s failed", request.method, request.path)
+        return trims_error_response(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = _AIOHTTP_CODES.get(e.status, "bad_request" if e.status < 500 else "internal")
+        message = e.text if e.text and not e.text.startswith(str(e.status)) else e.reason
+        if e.status == 404:
+            message = f"no route for {request.method} {request.path}; see /openapi.json"
+        elif e.status == 405:
+            message = f"{request.method} is not allowed on {request.path}; see /openapi.json"
+        elif e.status == 413:
+            message = f"request body is larger than the gateway limit: {e.reason}"
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return error_response(e.status, code, message, headers=headers)
+    except Exception:
+        log.exception("%s %s failed with an unexpected error", request.method, request.path)
+        return error_response(
+            500, "internal", "the gateway failed unexpectedly; see its log and report a bug"
+        )

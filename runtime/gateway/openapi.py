@@ -1,0 +1,406 @@
+"""The gateway's OpenAPI 3.1 document, served at ``/openapi.json``.
+
+Every route the gateway registers is described here (a test compares the two); errors on every
+operation share the ``Error`` schema. The function spec schema is the functions package's
+:data:`FUNCTION_SCHEMA`, so the document and the parser cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from trims.runtime.functions.spec import DATATYPES, FUNCTION_SCHEMA
+from trims.runtime.gateway.pipelines import NAME_RE, PIPELINE_SCHEMA
+
+from trims import __version__
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERROR = _json(_ref("Error"), "an error; the message says what to fix")
+_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": NAME_RE.pattern},
+}
+_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
+_SECURED: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def _op(
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    params: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+    secured: bool = True,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**responses, "default": _ERROR}}
+    if params:
+        op["parameters"] = params
+    if body is not None:
+        op["requestBody"] = body
+    if secured:
+        op["security"] = _SECURED
+    return op
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_ANY_BODY = {"required": False, "content": {"*/*": {"schema": {}}}}
+_ANY_RESPONSE = {"description": "the function's own response", "content": {"*/*": {"schema": {}}}}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "details": {"type": "object"},
+                },
+            }
+        },
+    },
+    "Instance": {
+        "type": "object",
+        "required": ["id", "state", "inflight"],
+        "properties": {
+            "id": {"type": "string"},
+            "state": {"enum": ["starting", "ready", "draining"]},
+            "inflight": {"type": "integer"},
+            "served": {"type": "integer"},
+            "alive": {"type": "boolean"},
+            "executor": {"type": ["string", "null"]},
+        },
+    },
+    "Function": {
+        "type": "object",
+        "required": ["spec", "status"],
+        "properties": {
+            "spec": _ref("FunctionSpec"),
+            "status": {
+                "type": "object",
+                "required": ["instances", "queued", "inflight"],
+                "properties": {
+                    "instances": {"type": "array", "items": _ref("Instance")},
+                    "queued": {"type": "integer"},
+                    "inflight": {"type": "integer"},
+                },
+            },
+        },
+    },
+    "Deleted": {
+        "type": "object",
+        "required": ["deleted"],
+        "properties": {"deleted": {"type": "string"}},
+    },
+    "Accepted": {
+        "type": "object",
+        "required": ["id", "function", "state", "status_url"],
+        "properties": {
+            "id": {"type": "string"},
+            "function": {"type": "string"},
+            "state": {"type": "string"},
+            "status_url": {"type": "string"},
+        },
+    },
+    "Invocation": {
+        "type": "object",
+        "required": ["id", "function", "state", "created"],
+        "properties": {
+            "id": {"type": "string"},
+            "function": {"type": "string"},
+            "state": {"enum": ["running", "succeeded", "failed"]},
+            "created": {"type": "number"},
+            "finished": {"type": ["number", "null"]},
+            "result": {
+                "type": "object",
+                "required": ["status", "body", "encoding"],
+                "properties": {
+                    "status": {"type": "integer"},
+                    "content_type": {"type": "string"},
+                    "body": {"type": "string"},
+                    "encoding": {"enum": ["utf-8", "base64"]},
+                },
+            },
+            "error": {"type": "object"},
+        },
+    },
+    "PipelineSpec": PIPELINE_SCHEMA,
+    "Tensor": {
+        "type": "object",
+        "required": ["name", "shape", "datatype"],
+        "properties": {
+            "name": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "datatype": {"enum": list(DATATYPES)},
+            "data": {"type": "array"},
+            "parameters": {"type": "object"},
+        },
+    },
+    "InferRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {"type": "object"},
+            "inputs": {"type": "array", "minItems": 1, "items": _ref("Tensor")},
+            "outputs": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        },
+    },
+    "InferResponse": {
+        "type": "object",
+        "required": ["model_name", "outputs"],
+        "properties": {
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "id": {"type": "string"},
+            "outputs": {"type": "array", "items": _ref("Tensor")},
+        },
+    },
+    "ModelMetadata": {
+        "type": "object",
+        "required": ["name", "versions", "platform", "inputs", "outputs"],
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"},
+            "inputs": {"type": "array", "items": {"type": "object"}},
+            "outputs": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+}
+
+
+def _function_spec_schema() -> dict[str, Any]:
+    schema = copy.deepcopy(FUNCTION_SCHEMA)
+    schema.pop("$schema", None)
+    return schema
+
+
+def _paths() -> dict[str, Any]:
+    fn = _json(_ref("Function"), "the function with its instances")
+    pipeline = _json(_ref("PipelineSpec"), "the pipeline")
+    infer = {
+        "description": "output tensors (JSON, or JSON + binary tensors with the binary extension)",
+        "content": {
+            "application/json": {"schema": _ref("InferResponse")},
+            "application/octet-stream": {"schema": {}},
+        },
+    }
+    infer_body = {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _ref("InferRequest")},
+            "application/octet-stream": {"schema": {}},
+        },
+    }
+    health = {
+        "type": "object",
+        "properties": {"live": {"type": "boolean"}, "ready": {"type": "boolean"}},
+    }
+    ready_resp = _json(
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
+        },
+        "ready",
+    )
+    return {
+        "/v1/functions": {
+            "get": _op(
+                "List functions",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["functions"],
+                            "properties": {
+                                "functions": {"type": "array", "items": _ref("Function")}
+                            },
+                        },
+                        "all functions",
+                    )
+                },
+            ),
+            "post": _op("Deploy a new function", {"201": fn}, body=_body(_ref("FunctionSpec"))),
+        },
+        "/v1/functions/{name}": {
+            "get": _op("Get a function and its instances", {"200": fn}, params=[_NAME]),
+            "put": _op(
+                "Deploy or update a function",
+                {"200": fn, "201": fn},
+                params=[_NAME],
+                body=_body(_ref("FunctionSpec")),
+            ),
+            "delete": _op(
+                "Delete a function; its instances drain",
+                {"200": _json(_ref("Deleted"), "deleted")},
+                params=[_NAME],
+            ),
+        },
+        "/v1/functions/{name}/invoke": {
+            "post": _op(
+                "Invoke a function (body passed through); ?async=true answers 202 with an id",
+                {"200": _ANY_RESPONSE, "202": _json(_ref("Accepted"), "accepted; poll status_url")},
+                params=[
+                    _NAME,
+                    {
+                        "name": "async",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["true", "false", "1", "0"]},
+                    },
+                ],
+                body=_ANY_BODY,
+            )
+        },
+        "/v1/invocations/{id}": {
+            "get": _op(
+                "State and result of an asynchronous invocation",
+                {"200": _json(_ref("Invocation"), "the invocation")},
+                params=[
+                    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+            )
+        },
+        "/v1/pipelines": {
+            "get": _op(
+                "List pipelines",
+                {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["pipelines"],
+                            "properties": {
+                                "pipelines": {"type": "array", "items": _ref("PipelineSpec")}
+                            },
+                        },
+                        "all pipelines",
+                    )
+                },
+            ),
+            "post": _op("Create a pipeline", {"201": pipeline}, body=_body(_ref("PipelineSpec"))),
+        },
+        "/v1/pipelines/{name}": {
+            "get": _op("Get a pipeline", {"200": pipeline}, params=[_NAME]),
+            "put": _op(
+                "Create or update a pipeline",
+                {"200": pipeline, "201": pipeline},
+                params=[_NAME],
+                body=_body(_ref("PipelineSpec")),
+            ),
+            "delete": _op(
+                "Delete a pipeline", {"200": _json(_ref("Deleted"), "deleted")}, params=[_NAME]
+            ),
+        },
+        "/v1/pipelines/{name}/invoke": {
+            "post": _op(
+                "Invoke a pipeline as one request",
+                {"200": _ANY_RESPONSE},
+                params=[_NAME],
+                body=_ANY_BODY,
+            )
+        },
+        "/v2": {
+            "get": _op(
+                "Server metadata",
+                {"200": _json({"type": "object"}, "server metadata")},
+                secured=False,
+            )
+        },
+        "/v2/health/live": {"get": _op("Liveness", {"200": _json(health, "live")}, secured=False)},
+        "/v2/health/ready": {
+            "get": _op("Readiness", {"200": _json(health, "ready")}, secured=False)
+        },
+        "/v2/models/{name}": {
+            "get": _op(
+                "Model metadata", {"200": _json(_ref("ModelMetadata"), "metadata")}, params=[_NAME]
+            )
+        },
+        "/v2/models/{name}/ready": {
+            "get": _op("Model readiness", {"200": ready_resp}, params=[_NAME])
+        },
+        "/v2/models/{name}/infer": {
+            "post": _op("Inference", {"200": infer}, params=[_NAME], body=infer_body)
+        },
+        "/v2/models/{name}/versions/{version}": {
+            "get": _op(
+                "Model version metadata",
+                {"200": _json(_ref("ModelMetadata"), "metadata")},
+                params=[_NAME, _VERSION],
+            )
+        },
+        "/v2/models/{name}/versions/{version}/ready": {
+            "get": _op("Model version readiness", {"200": ready_resp}, params=[_NAME, _VERSION])
+        },
+        "/v2/models/{name}/versions/{version}/infer": {
+            "post": _op(
+                "Inference on a model version",
+                {"200": infer},
+                params=[_NAME, _VERSION],
+                body=infer_body,
+            )
+        },
+        "/healthz": {
+            "get": _op(
+                "The gateway process is up", {"200": _json({"type": "object"}, "ok")}, secured=False
+            )
+        },
+        "/readyz": {
+            "get": _op(
+                "The gateway accepts requests (503 while draining)",
+                {"200": _json({"type": "object"}, "ready")},
+                secured=False,
+            )
+        },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics",
+                {
+                    "200": {
+                        "description": "text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+                secured=False,
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "This document", {"200": _json({"type": "object"}, "OpenAPI 3.1")}, secured=False
+            )
+        },
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "trims gateway",
+            "version": __version__,
+            "description": "Deploy and invoke inference functions; the Open Inference Protocol "
+            "is under /v2.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": {**_SCHEMAS, "FunctionSpec": _function_spec_schema()},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,239 @@
+"""Pipelines: functions chained into a DAG and invoked as one request.
+
+Spec (JSON/YAML)::
+
+    {"name": "classify-and-embed",
+     "steps": [{"name": "pre", "function": "resize"},
+               {"name": "cls", "function": "resnet", "after": ["pre"]},
+               {"name": "emb", "function": "minilm", "after": ["pre"]},
+               {"name": "join", "function": "merge", "after": ["cls", "emb"]}]}
+
+A step without ``after`` receives the pipeline's request body; a step after one step receives
+that step's response body; a step after several receives a JSON object mapping each of those
+step names to its response (parsed JSON when it was JSON, else text). The pipeline answers with
+its one sink step's response, or with a JSON object of every sink's response when there are
+several. Steps run as soon as their inputs are ready, so independent branches run at once; the
+whole run is one span with a child span per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from trims.runtime.gateway.invocations import Outcome
+
+from trims.errors import TrimsError, UpstreamError, ValidationError
+
+tracer = trace.get_tracer(__name__)
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+PIPELINE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "steps"],
+    "properties": {
+        "name": {"type": "string", "pattern": NAME_RE.pattern},
+        "steps": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "function"],
+                "properties": {
+                    "name": {"type": "string", "pattern": NAME_RE.pattern},
+                    "function": {"type": "string", "pattern": NAME_RE.pattern},
+                    "after": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+
+#: (function, body, content type, trace context) -> the function's answer.
+CallFunction = Callable[[str, bytes, str], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    function: str
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    #: In topological order: every step comes after the steps it reads.
+    steps: tuple[Step, ...]
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.function for s in self.steps))
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        read = {a for s in self.steps for a in s.after}
+        return tuple(s.name for s in self.steps if s.name not in read)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "steps": [
+                {
+                    "name": s.name,
+                    "function": s.function,
+                    **({"after": list(s.after)} if s.after else {}),
+                }
+                for s in self.steps
+            ],
+        }
+
+
+def _name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ValidationError(
+            f"{path}: must be lower-case letters, digits and '-' (at most 63), got {value!r}",
+            field=path,
+        )
+    return value
+
+
+def parse_pipeline(data: Any) -> PipelineSpec:
+    """A checked pipeline spec: unique step names, known predecessors, no cycles."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("a pipeline spec must be a JSON object with 'name' and 'steps'")
+    unknown = sorted(set(data) - {"name", "steps"})
+    if unknown:
+        raise ValidationError(f"unknown pipeline field {unknown[0]!r}; allowed: name, steps")
+    name = _name(data.get("name"), "name")
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ValidationError("steps: must be a non-empty list of steps", field="steps")
+    steps: dict[str, Step] = {}
+    for i, raw in enumerate(raw_steps):
+        path = f"steps[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ValidationError(f"{path}: must be an object with name and function", field=path)
+        extra = sorted(set(raw) - {"name", "function", "after"})
+        if extra:
+            raise ValidationError(
+                f"{path}: unknown field {extra[0]!r}; allowed: name, function, after", field=path
+            )
+        step_name = _name(raw.get("name"), f"{path}.name")
+        if step_name in steps:
+            raise ValidationError(f"{path}.name: step {step_name!r} is defined twice")
+        after = raw.get("after", [])
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ValidationError(f"{path}.after: must be a list of step names", field=path)
+        steps[step_name] = Step(
+            step_name, _name(raw.get("function"), f"{path}.function"), tuple(after)
+        )
+    for step in steps.values():
+        for dep in step.after:
+            if dep not in steps:
+                raise ValidationError(
+                    f"step {step.name!r} runs after unknown step {dep!r}; "
+                    f"steps are {', '.join(steps)}"
+                )
+    return PipelineSpec(name=name, steps=_topological(steps))
+
+
+def _topological(steps: Mapping[str, Step]) -> tuple[Step, ...]:
+    order: list[Step] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join((*chain[chain.index(name) :], name))
+            raise ValidationError(f"pipeline steps form a cycle: {cycle}; remove one 'after'")
+        state[name] = 1
+        for dep in steps[name].after:
+            visit(dep, (*chain, name))
+        state[name] = 2
+        order.append(steps[name])
+
+    for name in steps:
+        visit(name, ())
+    return tuple(order)
+
+
+async def run_pipeline(
+    spec: PipelineSpec, body: bytes, content_type: str, call: CallFunction
+) -> Outcome:
+    """Run every step once its inputs are ready; the sinks' answers make the result."""
+    with tracer.start_as_current_span(f"pipeline {spec.name}", attributes={"pipeline": spec.name}):
+        done: dict[str, asyncio.Future[Outcome]] = {
+            s.name: asyncio.get_running_loop().create_future() for s in spec.steps
+        }
+
+        async def run_step(step: Step) -> None:
+            try:
+                inputs = [await done[dep] for dep in step.after]
+                if not step.after:
+                    step_body, step_type = body, content_type
+                elif len(inputs) == 1:
+                    step_body = inputs[0].body
+                    step_type = inputs[0].headers.get("Content-Type", "application/octet-stream")
+                else:
+                    joined = {d: _as_json(o) for d, o in zip(step.after, inputs, strict=True)}
+                    step_body, step_type = json.dumps(joined).encode(), "application/json"
+                with tracer.start_as_current_span(
+                    f"step {step.name}", attributes={"step": step.name, "function": step.function}
+                ):
+                    outcome = await _call_step(spec, step, step_body, step_type, call)
+                done[step.name].set_result(outcome)
+            except BaseException as e:
+                if not done[step.name].done():
+                    done[step.name].set_exception(e)
+                raise
+
+        tasks = [asyncio.create_task(run_step(s), name=f"trims-step-{s.name}") for s in spec.steps]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for fut in done.values():
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+            raise
+        sinks = spec.sinks
+        if len(sinks) == 1:
+            return done[sinks[0]].result()
+        joined = {name: _as_json(done[name].result()) for name in sinks}
+        return Outcome(200, {"Content-Type": "application/json"}, json.dumps(joined).encode())
+
+
+async def _call_step(
+    spec: PipelineSpec, step: Step, body: bytes, content_type: str, call: CallFunction
+) -> Outcome:
+    where = f"pipeline {spec.name} step {step.name} (function {step.function})"
+    try:
+        outcome = await call(step.function, body, content_type)
+    except TrimsError as e:
+        raise type(e)(f"{where}: {e.message}", **e.details) from e
+    if outcome.status >= 400:
+        text = outcome.body[:200].decode("utf-8", "replace")
+        raise UpstreamError(f"{where} answered {outcome.status}: {text}", step=step.name)
+    return outcome
+
+
+def _as_json(outcome: Outcome) -> Any:
+    text = outcome.body.decode("utf-8", "replace")
+    if outcome.headers.get("Content-Type", "").startswith("application/json"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text

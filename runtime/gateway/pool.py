@@ -1,0 +1,429 @@
+"""One function's instances: scale from zero, bounded queue, replacement, idle scale-to-zero.
+
+Invariants (all state is touched from the event loop only, so no locks)::
+
+    slots          every instance this pool started and has not retired, by state:
+                   starting (executor.start / wait_ready running), ready, draining
+    waiters        FIFO of requests waiting for a slot; len(waiters) <= scaling.queue_size
+    slot.inflight  requests an instance is answering; <= scaling.concurrency
+
+A request takes a free ready slot at once, else queues (429 when the queue is full) and the
+pool starts instances up to ``max_instances`` for the queued demand. When a slot frees or an
+instance becomes ready, :meth:`_dispatch` hands it to the oldest waiter. An instance that dies
+is retired: its in-flight requests get 502 with the executor's reason and a replacement starts
+when there is demand or ``min_instances`` asks for it. A request that times out (504) retires
+its instance too, since a hung handler would otherwise hold the slot forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from opentelemetry import trace
+from trims.runtime.executors.base import Executor, Instance
+from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.gateway.metrics import GatewayMetrics
+
+from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+T = TypeVar("T")
+
+STATES = ("starting", "ready", "draining")
+
+
+@dataclass(eq=False)
+class Slot:
+    """An instance as the pool sees it."""
+
+    id: str
+    state: str = "starting"
+    instance: Instance | None = None
+    inflight: int = 0
+    served: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> dict[str, Any]:
+        inst = self.instance
+        return {
+            "id": self.id,
+            "state": self.state,
+            "inflight": self.inflight,
+            "served": self.served,
+            "alive": bool(inst is not None and inst.alive()),
+            "executor": inst.executor if inst is not None else None,
+        }
+
+
+class Pool:
+    """The instances of one function and the queue in front of them."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        executor: Executor,
+        metrics: GatewayMetrics,
+        *,
+        start_timeout_s: float = 120.0,
+        stop_grace_s: float = 5.0,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._executor = executor
+        self._scaling = spec.scaling
+        self._start_timeout_s = start_timeout_s
+        self._stop_grace_s = stop_grace_s
+        self.slots: list[Slot] = []
+        self._waiters: deque[asyncio.Future[Slot]] = deque()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._exec_ewma_s = 0.05
+        self._start_failures = 0
+        self._reaper: asyncio.Task[None] | None = None
+        fn = spec.name
+        self._m_queue = metrics.queue_wait.labels(fn)
+        self._m_cold = metrics.cold_start.labels(fn)
+        self._m_exec = metrics.execution.labels(fn)
+        self._m_cold_starts = metrics.cold_starts.labels(fn)
+        self._m_failures = metrics.instance_failures.labels(fn)
+        self._m_acquire = metrics.model_acquire.labels(fn)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background reaper and the ``min_instances`` warm instances."""
+        if self._reaper is not None:
+            raise RuntimeError(f"pool of {self.name} started twice")
+        self._reaper = asyncio.create_task(self._reap_forever(), name=f"trims-reaper-{self.name}")
+        self._ensure_min()
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new requests, let queued and in-flight ones finish, then stop every instance."""
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "function %s: %d requests still running after %.1fs drain; stopping instances",
+                self.name,
+                self._busy,
+                drain_timeout_s,
+            )
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(Unavailable(f"function {self.name} was removed; deploy it again"))
+        self._waiters.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        slots, self.slots = self.slots, []
+        await asyncio.gather(*(self._stop_slot(s) for s in slots), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reaper is not None:
+            await asyncio.gather(self._reaper, return_exceptions=True)
+
+    # -- the request path ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        call: Callable[[Instance, float], Awaitable[T]],
+        *,
+        deadline: float | None = None,
+    ) -> T:
+        """Run ``call(instance, timeout_s)`` on a slot, queueing (and scaling) as needed."""
+        if self._closed:
+            raise Unavailable(f"function {self.name} is shutting down; retry on another gateway")
+        if deadline is None:
+            deadline = time.monotonic() + self._scaling.request_timeout_s
+        self._busy += 1
+        self._idle.clear()
+        try:
+            arrived = time.monotonic()
+            slot = self._take_free()
+            if slot is None:
+                with tracer.start_as_current_span("queue", attributes={"function": self.name}):
+                    slot = await self._wait_for_slot(deadline)
+            self._m_queue.observe(time.monotonic() - arrived)
+            return await self._call(slot, call, deadline)
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    async def _call(
+        self, slot: Slot, call: Callable[[Instance, float], Awaitable[T]], deadline: float
+    ) -> T:
+        instance = slot.instance
+        assert instance is not None
+        started = time.monotonic()
+        try:
+            return await call(instance, max(deadline - started, 0.001))
+        except Timeout:
+            self._retire(slot, "a request timed out; the instance is recycled")
+            raise
+        except UpstreamError:
+            if not instance.alive():
+                self._retire(slot, instance.exit_reason or "the instance died")
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            self._m_exec.observe(elapsed)
+            self._exec_ewma_s = 0.8 * self._exec_ewma_s + 0.2 * elapsed
+            slot.inflight -= 1
+            slot.served += 1
+            slot.last_used = time.monotonic()
+            if slot.state == "ready":
+                self._dispatch()
+
+    def _take_free(self) -> Slot | None:
+        """A ready slot with spare concurrency when nobody queues before us, else None."""
+        if self._waiters:
+            return None
+        slot = self._free_slot()
+        if slot is not None:
+            slot.inflight += 1
+        return slot
+
+    def _free_slot(self) -> Slot | None:
+        best: Slot | None = None
+        limit = self._scaling.concurrency
+        for slot in self.slots:
+            if slot.state != "ready" or slot.inflight >= limit:
+                continue
+            instance = slot.instance
+            if instance is None or not instance.alive():
+                self._retire(slot, (instance.exit_reason if instance else None) or "it died")
+                return self._free_slot()
+            if best is None or slot.inflight < best.inflight:
+                best = slot
+        return best
+
+    async def _wait_for_slot(self, deadline: float) -> Slot:
+        if len(self._waiters) >= self._scaling.queue_size:
+            raise QueueFull(
+                f"function {self.name} has {len(self._waiters)} requests queued "
+                f"(queue_size {self._scaling.queue_size}); retry after the Retry-After seconds",
+                retry_after_s=self._retry_after_s(),
+            )
+        fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._scale_up()
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                return await fut
+        except TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._give_back(fut.result())
+            raise Timeout(
+                f"function {self.name} found no free instance within its request timeout "
+                f"({self._scaling.request_timeout_s:g}s); raise max_instances or the timeout"
+            ) from None
+        finally:
+            if not fut.done():
+                fut.cancel()
+            try:
+                self._waiters.remove(fut)
+            except ValueError:
+                pass
+
+    def _give_back(self, slot: Slot) -> None:
+        slot.inflight -= 1
+        if slot.state == "ready":
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._waiters:
+            slot = self._free_slot()
+            if slot is None:
+                return
+            fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            slot.inflight += 1
+            fut.set_result(slot)
+
+    def _retry_after_s(self) -> int:
+        capacity = max(1, sum(1 for s in self.slots if s.state == "ready"))
+        capacity *= self._scaling.concurrency
+        estimate = len(self._waiters) * self._exec_ewma_s / capacity
+        return max(1, min(60, math.ceil(estimate)))
+
+    # -- scaling -------------------------------------------------------------------------------
+
+    def _active(self) -> int:
+        return sum(1 for s in self.slots if s.state in ("starting", "ready"))
+
+    def _scale_up(self) -> None:
+        if self._closed and not self._waiters:
+            return
+        concurrency = self._scaling.concurrency
+        starting = sum(1 for s in self.slots if s.state == "starting")
+        unserved = len(self._waiters) - starting * concurrency
+        while unserved > 0 and self._active() < self._scaling.max_instances:
+            self._start_instance()
+            unserved -= concurrency
+
+    def _ensure_min(self) -> None:
+        if self._closed:
+            return
+        while self._active() < self._scaling.min_instances:
+            self._start_instance()
+
+    def _start_instance(self) -> None:
+        slot = Slot(id=f"{self.name}-{next(self._ids)}-{uuid.uuid4().hex[:6]}")
+        self.slots.append(slot)
+        self._spawn(self._start(slot), f"start-{slot.id}")
+
+    async def _start(self, slot: Slot) -> None:
+        started = time.monotonic()
+        with tracer.start_as_current_span(
+            "instance start", attributes={"function": self.name, "instance": slot.id}
+        ) as span:
+            try:
+                slot.instance = await self._executor.start(self.spec, slot.id)
+                await slot.instance.wait_ready(self._start_timeout_s)
+            except asyncio.CancelledError:
+                await self._stop_slot(slot)
+                raise
+            except Exception as e:
+                span.record_exception(e)
+                self._start_failed(slot, e)
+                return
+        elapsed = time.monotonic() - started
+        self._start_failures = 0
+        self._m_cold.observe(elapsed)
+        self._m_cold_starts.inc()
+        acquire_s = getattr(slot.instance, "model_acquire_s", None)
+        if isinstance(acquire_s, int | float):
+            self._m_acquire.observe(float(acquire_s))
+        if slot.state != "starting":
+            await self._stop_slot(slot)
+            return
+        slot.state = "ready"
+        slot.last_used = time.monotonic()
+        log.info("function %s: instance %s ready in %.3fs", self.name, slot.id, elapsed)
+        self._dispatch()
+        if self._closed and not self._waiters and slot.inflight == 0:
+            slot.state = "draining"
+            await self._stop_slot(slot)
+
+    def _start_failed(self, slot: Slot, exc: Exception) -> None:
+        self._m_failures.inc()
+        self._start_failures += 1
+        if isinstance(exc, TrimsError):
+            err: TrimsError = exc
+        else:
+            err = UpstreamError(f"instance {slot.id} of {self.name} failed to start: {exc}")
+        log.warning("function %s: instance %s failed to start: %s", self.name, slot.id, err)
+        slot.state = "draining"
+        self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+        if self._active() == 0:
+            waiters, self._waiters = self._waiters, deque()
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_exception(_as_upstream(err, self.name))
+
+    def _retire(self, slot: Slot, reason: str) -> None:
+        if slot.state == "draining":
+            return
+        slot.state = "draining"
+        self._m_failures.inc()
+        log.warning(
+            "function %s: instance %s retired (%s); replacing it", self.name, slot.id, reason
+        )
+        self._spawn(self._stop_slot(slot, grace_s=0.5), f"stop-{slot.id}")
+        self._ensure_min()
+        self._scale_up()
+
+    async def _stop_slot(self, slot: Slot, grace_s: float | None = None) -> None:
+        instance, slot.instance = slot.instance, None
+        try:
+            if instance is not None:
+                grace = self._stop_grace_s if grace_s is None else grace_s
+                await self._executor.stop(instance, grace)
+        except Exception:
+            log.exception("function %s: stopping instance %s failed", self.name, slot.id)
+        finally:
+            if slot in self.slots and slot.instance is None:
+                self.slots.remove(slot)
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"trims-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reap_forever(self) -> None:
+        """Stop idle instances beyond ``min_instances``; replace dead ones."""
+        idle_s = self._scaling.idle_timeout_s
+        tick = max(0.05, min(1.0, idle_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for slot in list(self.slots):
+                if slot.state != "ready":
+                    continue
+                inst = slot.instance
+                if inst is None or not inst.alive():
+                    reason = inst.exit_reason if inst is not None else None
+                    self._retire(slot, reason or "it died")
+                    continue
+                if (
+                    slot.inflight == 0
+                    and now - slot.last_used >= idle_s
+                    and self._active() > self._scaling.min_instances
+                ):
+                    idle_for = now - slot.last_used
+                    log.info(
+                        "function %s: instance %s idle for %.1fs; stopping it",
+                        self.name,
+                        slot.id,
+                        idle_for,
+                    )
+                    slot.state = "draining"
+                    self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+            if self._start_failures < 3:
+                self._ensure_min()
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATES, 0)
+        for slot in self.slots:
+            out[slot.state] += 1
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "instances": [s.describe() for s in self.slots],
+            "queued": len(self._waiters),
+            "inflight": sum(s.inflight for s in self.slots),
+        }
+
+
+def _as_upstream(err: TrimsError, function: str) -> TrimsError:
+    if isinstance(err, UpstreamError | Timeout):
+        return err
+    return UpstreamError(f"function {function} could not start an instance: {err.message}")
+
+
+def _loop_time(deadline_monotonic: float) -> float:
+    loop = asyncio.get_running_loop()
+    return loop.time() + (deadline_monotonic - time.monotonic())

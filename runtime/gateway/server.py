@@ -1,0 +1,67 @@
+"""Running the gateway as a process: bind, wait for SIGTERM/SIGINT, drain, exit.
+
+The signal handler only sets an event; the drain runs in the main task: readiness turns 503,
+new requests are refused with 503, in-flight and queued requests finish (up to the drain
+timeout), instances stop, then the listening socket closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+from trims.runtime.gateway.app import create_app
+from trims.runtime.gateway.context import GATEWAY
+from trims.runtime.gateway.service import ExecutorFactory
+from trims.runtime.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(
+    settings: GatewaySettings,
+    executor_factory: ExecutorFactory,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return."""
+    app = create_app(settings, executor_factory)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=logging.getLogger("trims.access") if settings.access_log else None,
+    )
+    await runner.setup()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        await site.start()
+        address = _address(runner)
+        log.info("gateway listening on %s (executor %s)", address, settings.executor)
+        if on_ready is not None:
+            on_ready(address)
+        await stop.wait()
+        log.info(
+            "gateway draining: finishing in-flight requests (up to %.0fs)", settings.drain_timeout_s
+        )
+        await app[GATEWAY].close(settings.drain_timeout_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    log.info("gateway stopped")
+
+
+def _address(runner: web.AppRunner) -> str:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            host, port = addr[0], addr[1]
+            return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+    raise RuntimeError("the gateway has no TCP address")

@@ -1,0 +1,258 @@
+"""The gateway's state: deployed functions (each with its pool), pipelines, async invocations.
+
+HTTP handlers call this; it knows nothing about HTTP. Specs are kept in ``state_dir`` (when
+set) so a restarted gateway, even one killed with SIGKILL, comes back with the same functions
+and pipelines; instances are not persisted, they start again on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from opentelemetry import trace
+from trims.runtime.executors.base import Executor
+from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.gateway.invocations import Invocations, Outcome
+from trims.runtime.gateway.metrics import GatewayMetrics
+from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
+from trims.runtime.gateway.pool import Pool
+from trims.runtime.settings import GatewaySettings
+
+from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
+from trims.telemetry import inject_context
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+#: executor name -> a started executor (the gateway owns and closes it).
+ExecutorFactory = Callable[[str], Executor]
+
+#: Request headers never passed to a function: the caller's credentials and hop-by-hop headers.
+DROPPED_HEADERS = frozenset(
+    {"authorization", "connection", "keep-alive", "transfer-encoding", "upgrade", "host",
+     "content-length", "te", "trailer", "proxy-authorization", "expect"}
+)  # fmt: skip
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, executor_factory: ExecutorFactory) -> None:
+        self.settings = settings
+        self._executor_factory = executor_factory
+        self._executors: dict[str, Executor] = {}
+        self.pools: dict[str, Pool] = {}
+        self.pipelines: dict[str, PipelineSpec] = {}
+        self.metrics = GatewayMetrics(self._instance_counts)
+        self.invocations = Invocations(
+            ttl_s=settings.invocation_ttl_s, capacity=settings.max_invocations
+        )
+        self.draining = False
+        self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Restore the functions and pipelines saved in ``state_dir``."""
+        state = self.settings.state_dir
+        if state is None:
+            return
+        for path in sorted((state / "functions").glob("*.json")):
+            try:
+                await self.deploy(parse_spec(json.loads(path.read_text())), replace=True)
+            except (ValueError, TrimsError) as e:
+                log.error("saved function %s not restored: %s; deploy it again", path.stem, e)
+        for path in sorted((state / "pipelines").glob("*.json")):
+            try:
+                self.put_pipeline(parse_pipeline(json.loads(path.read_text())))
+            except (ValueError, TrimsError) as e:
+                log.error("saved pipeline %s not restored: %s; create it again", path.stem, e)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        """Refuse new work, let in-flight requests finish, stop every instance and executor."""
+        if self._closed:
+            return
+        self._closed = True
+        self.draining = True
+        started = time.monotonic()
+        await self.invocations.close(drain_timeout_s)
+        left = max(0.0, drain_timeout_s - (time.monotonic() - started))
+        pools, self.pools = list(self.pools.values()), {}
+        await asyncio.gather(*(p.close(left) for p in pools), return_exceptions=True)
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        for name, executor in self._executors.items():
+            try:
+                await executor.close()
+            except Exception:
+                log.exception("closing executor %s failed", name)
+        self._executors.clear()
+
+    def _executor(self, name: str) -> Executor:
+        executor = self._executors.get(name)
+        if executor is None:
+            executor = self._executor_factory(name)
+            self._executors[name] = executor
+        return executor
+
+    # -- functions -----------------------------------------------------------------------------
+
+    async def deploy(self, spec: FunctionSpec, *, replace: bool) -> bool:
+        """Deploy (or with ``replace`` update) a function; True when it is new."""
+        self._refuse_when_draining()
+        old = self.pools.get(spec.name)
+        if old is not None and not replace:
+            raise AlreadyExists(
+                f"function {spec.name} exists; PUT /v1/functions/{spec.name} updates it"
+            )
+        executor = self._executor(spec.executor or self.settings.executor)
+        pool = Pool(spec, executor, self.metrics)
+        self.pools[spec.name] = pool
+        pool.start()
+        self._save("functions", spec.name, spec.to_dict())
+        if old is not None:
+            self._close_later(old)
+            log.info("function %s updated; old instances drain", spec.name)
+        else:
+            log.info("function %s deployed", spec.name)
+        return old is None
+
+    async def remove(self, name: str) -> None:
+        pool = self.pool(name)
+        del self.pools[name]
+        self._forget("functions", name)
+        self._close_later(pool)
+        log.info("function %s removed; its instances drain and stop", name)
+
+    def _close_later(self, pool: Pool) -> None:
+        task = asyncio.create_task(
+            pool.close(self.settings.drain_timeout_s), name=f"trims-close-{pool.name}"
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def pool(self, name: str) -> Pool:
+        pool = self.pools.get(name)
+        if pool is None:
+            raise NotFound(f"no function named {name!r}; GET /v1/functions lists them")
+        return pool
+
+    def describe(self, name: str) -> dict[str, Any]:
+        pool = self.pool(name)
+        return {"spec": pool.spec.to_dict(), "status": pool.describe()}
+
+    async def invoke(self, name: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        self._refuse_when_draining()
+        pool = self.pool(name)
+        passed = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+        status = "error"
+        try:
+
+            async def call(instance: Any, timeout: float) -> Outcome:
+                with tracer.start_as_current_span("invoke", attributes={"function": name}):
+                    reply = await instance.invoke(
+                        body, passed, timeout=timeout, trace=inject_context()
+                    )
+                return Outcome(int(reply.status), dict(reply.headers), bytes(reply.body))
+
+            outcome = await pool.run(call)
+            status = str(outcome.status)
+            return outcome
+        except TrimsError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            self.metrics.invocations.labels(name, status).inc()
+
+    async def infer(self, name: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._refuse_when_draining()
+        pool = self.pool(name)
+        status = "error"
+        try:
+
+            async def call(instance: Any, timeout: float) -> dict[str, np.ndarray]:
+                with tracer.start_as_current_span("infer", attributes={"function": name}):
+                    out = await instance.infer(inputs, timeout=timeout, trace=inject_context())
+                return dict(out)
+
+            result = await pool.run(call)
+            status = "200"
+            return result
+        except TrimsError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            self.metrics.invocations.labels(name, status).inc()
+
+    def _refuse_when_draining(self) -> None:
+        if self.draining:
+            raise Unavailable("the gateway is shutting down; retry on another gateway")
+
+    # -- pipelines -----------------------------------------------------------------------------
+
+    def put_pipeline(self, spec: PipelineSpec) -> bool:
+        missing = [f for f in spec.functions if f not in self.pools]
+        if missing:
+            raise ValidationError(
+                f"pipeline {spec.name} uses undeployed function {missing[0]!r}; deploy it first"
+            )
+        created = spec.name not in self.pipelines
+        self.pipelines[spec.name] = spec
+        self._save("pipelines", spec.name, spec.to_dict())
+        return created
+
+    def pipeline(self, name: str) -> PipelineSpec:
+        spec = self.pipelines.get(name)
+        if spec is None:
+            raise NotFound(f"no pipeline named {name!r}; GET /v1/pipelines lists them")
+        return spec
+
+    def remove_pipeline(self, name: str) -> None:
+        self.pipeline(name)
+        del self.pipelines[name]
+        self._forget("pipelines", name)
+
+    async def run_pipeline(self, name: str, body: bytes, content_type: str) -> Outcome:
+        spec = self.pipeline(name)
+
+        async def call(function: str, step_body: bytes, step_type: str) -> Outcome:
+            return await self.invoke(function, step_body, {"Content-Type": step_type})
+
+        return await run_pipeline(spec, body, content_type, call)
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _save(self, kind: str, name: str, doc: dict[str, Any]) -> None:
+        if self.settings.state_dir is None:
+            return
+        folder = self.settings.state_dir / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / f"{name}.json", json.dumps(doc, indent=1).encode())
+
+    def _forget(self, kind: str, name: str) -> None:
+        if self.settings.state_dir is None:
+            return
+        try:
+            (self.settings.state_dir / kind / f"{name}.json").unlink()
+        except FileNotFoundError:
+            pass
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def _instance_counts(self) -> dict[str, dict[str, int]]:
+        return {name: pool.counts() for name, pool in self.pools.items()}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
