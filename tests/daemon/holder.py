@@ -1,0 +1,49 @@
+"""A client process for the daemon tests: acquires a model, maps it and obeys stdin.
+
+``python -m tests.daemon.holder SOCKET NAME`` prints one JSON line after mapping, then for each
+stdin line answers one JSON line: ``read`` (the float32 values of tensor ``w``), ``write V``
+(fill ``w`` with V in the private mapping, then read), ``maps`` (the inode of the mapping from
+/proc/self/maps), ``exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from tests.daemon.rawclient import RawClient
+
+
+def main() -> int:
+    socket_path, name = sys.argv[1], sys.argv[2]
+    client = RawClient(socket_path)
+    result, mapping = client.acquire_map(name)
+    entry = next(t for t in result["manifest"]["tensors"] if t["name"] == "w")
+    w = np.frombuffer(mapping, np.float32, entry["nbytes"] // 4, entry["offset"])
+
+    def say(**fields: object) -> None:
+        print(json.dumps(fields), flush=True)
+
+    say(lease=result["lease"], values=w.tolist())
+    for line in sys.stdin:
+        command = line.split()
+        if not command or command[0] == "exit":
+            break
+        if command[0] == "write":
+            w[:] = float(command[1])
+        if command[0] == "maps":
+            with open("/proc/self/maps") as f:
+                inodes = sorted({ln.split()[4] for ln in f if "memfd:trims" in ln})
+            say(inodes=inodes)
+            continue
+        say(values=w.tolist())
+    del w
+    mapping.close()
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

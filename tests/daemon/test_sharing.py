@@ -1,0 +1,80 @@
+"""Zero-copy sharing through the real daemon: one sealed memfd, many MAP_PRIVATE mappings."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tests.daemon.holders import Holder
+from tests.daemon.rawclient import RawClient
+from tests.fixtures.store import DaemonProcess
+
+W = np.arange(16, dtype=np.float32)
+MODELS = {"tiny": {"w": W, "b": np.ones(3, np.int64)}}
+
+
+def test_two_processes_map_the_same_memfd(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(models=MODELS)
+    with Holder(daemon.socket, "tiny") as a, Holder(daemon.socket, "tiny") as b:
+        assert a.started["values"] == b.started["values"] == W.tolist()
+        inodes_a, inodes_b = a.ask("maps")["inodes"], b.ask("maps")["inodes"]
+        assert len(inodes_a) == 1 and inodes_a == inodes_b
+        stats = daemon.request("stats")["result"]
+        assert stats["leases"] == 2
+        assert stats["tiers"]["cpu"]["loads"] == 1 and stats["tiers"]["cpu"]["models"] == 1
+
+
+def test_writes_are_private_and_the_memfd_is_sealed(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start_daemon(models=MODELS)
+    with Holder(daemon.socket, "tiny") as writer, Holder(daemon.socket, "tiny") as reader:
+        assert writer.ask("write 7")["values"] == [7.0] * len(W)
+        assert reader.ask("read")["values"] == W.tolist()
+        with Holder(daemon.socket, "tiny") as late:
+            assert late.started["values"] == W.tolist()
+    with RawClient(daemon.socket) as client:
+        result, fds = client.call("acquire", name="tiny")
+        fd = fds[0]
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            for seal in (fcntl.F_SEAL_WRITE, fcntl.F_SEAL_GROW, fcntl.F_SEAL_SHRINK):
+                assert seals & seal
+            with pytest.raises(PermissionError):
+                os.pwrite(fd, b"x", 0)
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, 0)
+            assert os.fstat(fd).st_size == result["handle"]["size"]
+        finally:
+            os.close(fd)
+
+
+def test_kill_9_of_a_client_ends_its_leases(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(models=MODELS)
+    with Holder(daemon.socket, "tiny") as holder, RawClient(daemon.socket) as other:
+        assert other.result("stats")["leases"] == 1
+        holder.kill()
+        while other.result("stats")["leases"]:
+            pass
+        assert other.result("hello")["protocol"] == 1
+
+
+def test_clients_outlive_a_killed_daemon_and_a_restart_recovers(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start_daemon(models=MODELS)
+    with Holder(daemon.socket, "tiny") as holder:
+        holder.ask("write 3")
+        daemon.kill()
+        assert holder.ask("read")["values"] == [3.0] * len(W)
+        daemon.start()
+        assert holder.ask("read")["values"] == [3.0] * len(W)
+        with Holder(daemon.socket, "tiny") as fresh:
+            assert fresh.started["values"] == W.tolist()
+    models = daemon.request("list")["result"]["models"]
+    assert [m["name"] for m in models] == ["tiny"]
+    assert "source" not in models[0]
