@@ -31,7 +31,6 @@ segment) are zero-padded, and outputs are cut back to the input's length.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -270,7 +269,7 @@ def _scan_segments(mat: Any, mma: _Mma) -> Any:
     out = xp.empty(slabs.shape, mma.acc_dtype)
     carry = None
     for k in range(slabs.shape[2]):
-        addend = None if carry is None else xp.broadcast_to(carry[:, :, None], carry.shape + (T,))
+        addend = None if carry is None else xp.broadcast_to(carry[:, :, None], (*carry.shape, T))
         out[:, :, k] = mma.right(slabs[:, :, k], "U", addend)
         carry = out[:, :, k, T - 1]
     return out.reshape(groups, s)[:nseg]

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
 from trims.kernels import tcu
 from trims.kernels.timing import median_seconds
 
@@ -76,16 +75,19 @@ def _methods(
         kernels = tcu.wmma_kernels()
         for acc in ("fp16", "fp32"):
             acc_t = "fp16" if acc == "fp16" else "fp32"
-            if op == "reduce":
-                yield f"wmma-{acc}", acc, lambda x, a=acc_t: kernels.reduce(x, segment, a)
-            else:
-                yield f"wmma-{acc}", acc, lambda x, a=acc_t: kernels.scan(x, segment, a)
+            kernel_fn = kernels.reduce if op == "reduce" else kernels.scan
+
+            def wmma(x: Any, fn: Any = kernel_fn, a: tcu.Acc = acc_t) -> Any:
+                return fn(x, segment, a)
+
+            yield f"wmma-{acc}", acc, wmma
     base = "cub" if backend == "cupy" else "numpy"
-    seg_or_all = segment
-    if op == "reduce":
-        yield f"{base}-sum", None, lambda x: tcu.baseline_reduce(x, seg_or_all or x.size, xp=xp)
-    else:
-        yield f"{base}-cumsum", None, lambda x: tcu.baseline_scan(x, seg_or_all or x.size, xp=xp)
+    base_fn = tcu.baseline_reduce if op == "reduce" else tcu.baseline_scan
+
+    def baseline(x: Any) -> Any:
+        return base_fn(x, segment or int(x.size), xp=xp)
+
+    yield f"{base}-{'sum' if op == 'reduce' else 'cumsum'}", None, baseline
 
 
 def run(settings: TcuSettings) -> list[TcuRow]:
@@ -106,7 +108,9 @@ def run(settings: TcuSettings) -> list[TcuRow]:
         host = rng.uniform(-1.0, 1.0, total).astype(np.float16)
         x16 = xp.asarray(host)
         dst = xp.empty_like(x16)
-        copy_s = median_seconds(lambda: xp.copyto(dst, x16), repeat=settings.repeat, sync=sync)
+        copy_s = median_seconds(
+            lambda d=dst, s=x16: xp.copyto(d, s), repeat=settings.repeat, sync=sync
+        )
         copy_eps = total / copy_s
         for op in ("reduce", "scan"):
             op_t: tcu.Op = "reduce" if op == "reduce" else "scan"
@@ -114,7 +118,9 @@ def run(settings: TcuSettings) -> list[TcuRow]:
                 if segment > total:
                     continue
                 for method, acc, fn in _methods(op_t, segment, xp, settings.backend):
-                    secs = median_seconds(lambda fn=fn: fn(x16), repeat=settings.repeat, sync=sync)
+                    secs = median_seconds(
+                        lambda fn=fn, x=x16: fn(x), repeat=settings.repeat, sync=sync
+                    )
                     err: float | None = None
                     if acc is not None:
                         result = fn(x16)
