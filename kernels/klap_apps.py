@@ -111,17 +111,21 @@ def bfs(g: Csr, source: int, launcher: Launcher) -> IntArray:
     frontier = np.array([source], np.int64)
     depth = 0
     while frontier.size:
-        starts = g.indptr[frontier]
-
-        def visit(parent: IntArray, item: IntArray, starts: IntArray = starts) -> None:
-            nbr = g.indices[starts[parent] + item]
-            fresh = nbr[level[nbr] < 0]
-            level[fresh] = depth + 1
-
-        launcher.children(g.degrees()[frontier], visit)
+        _bfs_level(g, level, frontier, depth, launcher)
         depth += 1
         frontier = np.flatnonzero(level == depth)
     return level
+
+
+def _bfs_level(g: Csr, level: IntArray, frontier: IntArray, depth: int, launcher: Launcher) -> None:
+    """One parent thread per frontier vertex; one child thread per outgoing edge."""
+    starts = g.indptr[frontier]
+
+    def visit(parent: IntArray, item: IntArray) -> None:
+        nbr = g.indices[starts[parent] + item]
+        level[nbr[level[nbr] < 0]] = depth + 1
+
+    launcher.children(g.degrees()[frontier], visit)
 
 
 # ----------------------------------------------------------------------------- SSSP
@@ -151,16 +155,20 @@ def sssp(g: Csr, source: int, launcher: Launcher) -> IntArray:
     frontier = np.array([source], np.int64)
     while frontier.size:
         before = dist.copy()
-        starts = g.indptr[frontier]
-        base = before[frontier]
-
-        def relax(parent: IntArray, item: IntArray, starts: IntArray = starts) -> None:
-            e = starts[parent] + item
-            np.minimum.at(dist, g.indices[e], base[parent] + g.data[e])
-
-        launcher.children(g.degrees()[frontier], relax)
+        _relax(g, dist, frontier, before[frontier], launcher)
         frontier = np.flatnonzero(dist < before)
     return dist
+
+
+def _relax(g: Csr, dist: IntArray, frontier: IntArray, base: IntArray, launcher: Launcher) -> None:
+    """One child thread per outgoing edge of a frontier vertex: atomicMin on the target."""
+    starts = g.indptr[frontier]
+
+    def relax(parent: IntArray, item: IntArray) -> None:
+        e = starts[parent] + item
+        np.minimum.at(dist, g.indices[e], base[parent] + g.data[e])
+
+    launcher.children(g.degrees()[frontier], relax)
 
 
 # ----------------------------------------------------------------------------- SpMV
@@ -254,42 +262,48 @@ def mandelbrot(spec: MandelbrotSpec, launcher: Launcher) -> IntArray:
     rects = np.array([[0, 0, spec.size]], np.int64)
     depth = 0
     while rects.size:
-        x0, y0, s = rects[:, 0], rects[:, 1], rects[:, 2]
-        same = np.zeros(len(rects), bool)
-        common = np.zeros(len(rects), np.int64)
-        for i in range(len(rects)):
-            border = dwell(spec, *_border(int(x0[i]), int(y0[i]), int(s[i])))
-            same[i] = (border == border[0]).all()
-            common[i] = border[0]
-        small = ~same & ((s <= spec.min_rect) | (depth >= spec.max_depth))
-        split = ~same & ~small
-        area = s * s
-
-        def fill(parent: IntArray, item: IntArray) -> None:
-            img[y0[parent] + item // s[parent], x0[parent] + item % s[parent]] = common[parent]
-
-        def pixels(parent: IntArray, item: IntArray) -> None:
-            ys, xs = y0[parent] + item // s[parent], x0[parent] + item % s[parent]
-            img[ys, xs] = dwell(spec, ys, xs)
-
-        children: list[Array] = []
-
-        def subdivide(parent: IntArray, item: IntArray) -> None:
-            h = s[parent] // 2
-            children.append(
-                np.stack([x0[parent] + (item % 2) * h, y0[parent] + (item // 2) * h, h], axis=1)
-            )
-
-        launcher.children(np.where(same, area, 0), fill)
-        launcher.children(np.where(small, area, 0), pixels)
-        launcher.children(np.where(split, 4, 0), subdivide)
-        rects = (
-            np.concatenate(children)[np.lexsort(np.concatenate(children).T[::-1])]
-            if children
-            else np.zeros((0, 3), np.int64)
-        )
+        rects = _mandelbrot_generation(spec, img, rects, depth, launcher)
         depth += 1
     return img
+
+
+def _mandelbrot_generation(
+    spec: MandelbrotSpec, img: IntArray, rects: IntArray, depth: int, launcher: Launcher
+) -> IntArray:
+    """Rectangles (x0, y0, size) as parents; returns the next generation's rectangles."""
+    x0, y0, s = rects[:, 0], rects[:, 1], rects[:, 2]
+    same = np.zeros(len(rects), bool)
+    common = np.zeros(len(rects), np.int64)
+    for i in range(len(rects)):
+        border = dwell(spec, *_border(int(x0[i]), int(y0[i]), int(s[i])))
+        same[i] = (border == border[0]).all()
+        common[i] = border[0]
+    small = ~same & ((s <= spec.min_rect) | (depth >= spec.max_depth))
+    split = ~same & ~small
+    area = s * s
+
+    def fill(parent: IntArray, item: IntArray) -> None:
+        img[y0[parent] + item // s[parent], x0[parent] + item % s[parent]] = common[parent]
+
+    def pixels(parent: IntArray, item: IntArray) -> None:
+        ys, xs = y0[parent] + item // s[parent], x0[parent] + item % s[parent]
+        img[ys, xs] = dwell(spec, ys, xs)
+
+    children: list[IntArray] = []
+
+    def subdivide(parent: IntArray, item: IntArray) -> None:
+        h = s[parent] // 2
+        children.append(
+            np.stack([x0[parent] + (item % 2) * h, y0[parent] + (item // 2) * h, h], axis=1)
+        )
+
+    launcher.children(np.where(same, area, 0), fill)
+    launcher.children(np.where(small, area, 0), pixels)
+    launcher.children(np.where(split, 4, 0), subdivide)
+    if not children:
+        return np.zeros((0, 3), np.int64)
+    nxt = np.concatenate(children)
+    return nxt[np.lexsort(nxt.T[::-1])]
 
 
 # ----------------------------------------------------------------------------- tree
@@ -315,17 +329,23 @@ def tree_traversal(t: Csr, launcher: Launcher) -> tuple[IntArray, IntArray]:
     path = np.zeros(t.n, np.int64)
     level = np.array([0], np.int64)
     while level.size:
-        starts = t.indptr[level]
-        nodes = level
-        found: list[IntArray] = []
-
-        def visit(parent: IntArray, item: IntArray, starts: IntArray = starts) -> None:
-            e = starts[parent] + item
-            child = t.indices[e]
-            depth[child] = depth[nodes[parent]] + 1
-            path[child] = path[nodes[parent]] + t.data[e]
-            found.append(child)
-
-        launcher.children(t.degrees()[level], visit)
-        level = np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+        level = _tree_level(t, depth, path, level, launcher)
     return depth, path
+
+
+def _tree_level(
+    t: Csr, depth: IntArray, path: IntArray, nodes: IntArray, launcher: Launcher
+) -> IntArray:
+    """Nodes of one depth as parents, one child thread per child node; returns the next depth."""
+    starts = t.indptr[nodes]
+    found: list[IntArray] = []
+
+    def visit(parent: IntArray, item: IntArray) -> None:
+        e = starts[parent] + item
+        child = t.indices[e]
+        depth[child] = depth[nodes[parent]] + 1
+        path[child] = path[nodes[parent]] + t.data[e]
+        found.append(child)
+
+    launcher.children(t.degrees()[nodes], visit)
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)

@@ -80,7 +80,7 @@ def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
             result = fn(launcher)
             launches = launcher.launches
             secs = median_seconds(
-                lambda v=variant: fn(Launcher(v)), repeat=settings.repeat, warmup=0
+                lambda v=variant, f=fn: f(Launcher(v)), repeat=settings.repeat, warmup=0
             )
             base = secs if variant == "per-parent" else base
             row = KlapRow(
