@@ -61,6 +61,9 @@ class GatewaySettings:
     max_body_bytes: int = 64 << 20
     #: OTLP/HTTP endpoint for traces; None exports nothing.
     otlp_endpoint: str | None = None
+    #: Prepare the default executor at startup (the local executor starts its zygote), so the
+    #: first cold start does not pay for it.
+    warm_executor: bool = True
     #: Log one line per request (aiohttp access log). Off by default: it costs throughput.
     access_log: bool = False
 

@@ -60,7 +60,11 @@ class Gateway:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Restore the functions and pipelines saved in ``state_dir``."""
+        """Prepare the default executor, restore the functions and pipelines in ``state_dir``."""
+        if self.settings.warm_executor:
+            prepare = getattr(self._executor(self.settings.executor), "prepare", None)
+            if prepare is not None:
+                await prepare()
         state = self.settings.state_dir
         if state is None:
             return

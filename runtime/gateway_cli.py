@@ -1,0 +1,102 @@
+"""`trims gateway`: the HTTP gateway in front of function instances.
+
+Prints ``trims gateway ready url=<URL>`` on stderr once it listens; SIGTERM drains in-flight
+requests, stops every instance and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trims.runtime.settings import GatewaySettings, load_tokens
+
+from trims.config import default_socket
+
+READY = "trims gateway ready"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (0 picks a free one)")
+    parser.add_argument(
+        "--executor",
+        default="local",
+        help="executor for functions naming none (local, docker, ...)",
+    )
+    parser.add_argument(
+        "--store-socket", type=Path, help="store socket for instances (default: $TRIMS_SOCKET)"
+    )
+    parser.add_argument(
+        "--tokens-file",
+        type=Path,
+        help="bearer tokens, one 'SECRET SCOPE[,SCOPE] [NAME]' per line "
+        "(also $TRIMS_GATEWAY_TOKENS); none = no authentication",
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, help="keep deployed specs here so a restart restores them"
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests"
+    )
+    parser.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint (default: env)")
+    parser.add_argument("--no-zygote", action="store_true", help="local: spawn fresh interpreters")
+    parser.add_argument(
+        "--preload",
+        help="local: comma-separated modules the zygote imports (default numpy,torch,onnxruntime)",
+    )
+    parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> GatewaySettings:
+    from trims.telemetry import otlp_endpoint_from_env
+
+    return GatewaySettings(
+        host=args.host,
+        port=args.port,
+        executor=args.executor,
+        store_socket=args.store_socket or default_socket(env),
+        tokens=load_tokens(args.tokens_file, env),
+        state_dir=args.state_dir,
+        drain_timeout_s=args.drain_timeout,
+        otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
+        access_log=args.access_log,
+    )
+
+
+def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]) -> Any:
+    """name -> a new executor; the local one gets the store socket and ``local_options``."""
+    from trims.runtime.executors import create_executor
+
+    def make(name: str) -> Any:
+        if name == "local":
+            return create_executor(name, store_socket=settings.store_socket, **local_options)
+        return create_executor(name)
+
+    return make
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+    from trims.runtime.gateway.server import serve
+
+    from trims.telemetry import setup_logging, setup_tracing
+
+    setup_logging(args.log_level)
+    settings = settings_from_args(args, os.environ)
+    setup_tracing("trims-gateway", settings.otlp_endpoint)
+    local: dict[str, Any] = {"zygote": not args.no_zygote}
+    if args.preload is not None:
+        local["preload"] = tuple(m for m in args.preload.split(",") if m)
+
+    def ready(url: str) -> None:
+        auth = "on" if settings.auth_enabled else "off"
+        print(f"{READY} url={url} auth={auth}", file=sys.stderr, flush=True)
+
+    uvloop.run(serve(settings, executor_factory(settings, local), on_ready=ready))
+    return 0

@@ -1,0 +1,170 @@
+"""`trims up`: the whole node on embedded defaults, for a first run.
+
+Starts ``python -m trims daemon`` on the default store socket (or reuses one already running
+there), then the gateway with the local executor in this process. ``--examples`` deploys the
+example functions in ``examples/`` so they can be invoked with curl at once. Ctrl-C (or SIGTERM)
+drains the gateway, stops the instances and then the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trims.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+DAEMON_READY = "trims daemon ready"
+DAEMON_START_TIMEOUT_S = 60.0
+SPEC_NAMES = ("function.yaml", "function.yml", "function.json")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from trims.runtime import gateway_cli
+
+    gateway_cli.configure(parser)
+    parser.add_argument("--examples", action="store_true", help="deploy the example functions")
+    parser.add_argument("--examples-dir", type=Path, help="where the examples are (default: repo)")
+    parser.add_argument("--store-dir", type=Path, help="the daemon's store directory")
+
+
+def _socket_alive(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def start_daemon(store_socket: Path, store_dir: Path | None) -> subprocess.Popen[bytes] | None:
+    """A daemon subprocess on ``store_socket``; None when one already answers there."""
+    if _socket_alive(store_socket):
+        print(f"using the store daemon already running on {store_socket}", file=sys.stderr)
+        return None
+    store_socket.parent.mkdir(parents=True, exist_ok=True)
+    log_path = store_socket.with_name("daemon.log")
+    cmd = [sys.executable, "-m", "trims", "daemon", "--socket", str(store_socket)]
+    if store_dir is not None:
+        cmd += ["--store-dir", str(store_dir)]
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = log_path.read_bytes()[offset:].decode(errors="replace")
+        if any(line.startswith(DAEMON_READY) for line in text.splitlines()):
+            print(f"store daemon started (pid {proc.pid}, log {log_path})", file=sys.stderr)
+            return proc
+        if proc.poll() is not None:
+            raise Unavailable(
+                f"the store daemon exited with {proc.returncode}; see {log_path}:\n{text[-2000:]}"
+            )
+        time.sleep(0.05)
+    stop_daemon(proc)
+    raise Unavailable(f"the store daemon did not get ready in {DAEMON_START_TIMEOUT_S:.0f}s")
+
+
+def stop_daemon(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def example_specs(folder: Path) -> list[Path]:
+    """``examples/<name>/function.yaml`` (or .yml/.json), sorted by name."""
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+        for name in SPEC_NAMES:
+            if (sub / name).is_file():
+                found.append(sub / name)
+                break
+    return found
+
+
+def _default_examples_dir() -> Path:
+    import trims
+
+    return Path(trims.__file__).resolve().parent.parent / "examples"
+
+
+async def deploy_examples(url: str, token: str | None, specs: list[Path]) -> list[str]:
+    """PUT every example spec to the gateway; names of those deployed."""
+    import aiohttp
+    from trims.runtime.functions.spec import load_spec_file
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deployed = []
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for path in specs:
+            try:
+                spec = load_spec_file(path)
+            except Exception as e:
+                print(f"example {path.parent.name} skipped: {e}", file=sys.stderr)
+                continue
+            async with session.put(f"{url}/v1/functions/{spec.name}", json=spec.to_dict()) as r:
+                if r.status >= 400:
+                    print(f"example {spec.name} not deployed: {await r.text()}", file=sys.stderr)
+                    continue
+            deployed.append(spec.name)
+    return deployed
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+    from trims.runtime import gateway_cli
+    from trims.runtime.gateway.server import serve
+
+    from trims.telemetry import setup_logging, setup_tracing
+
+    setup_logging(args.log_level)
+    settings = gateway_cli.settings_from_args(args, os.environ)
+    setup_tracing("trims-gateway", settings.otlp_endpoint)
+    assert settings.store_socket is not None
+    admin_token = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
+    specs = example_specs(args.examples_dir or _default_examples_dir()) if args.examples else []
+    local: dict[str, Any] = {"zygote": not args.no_zygote}
+    if args.preload is not None:
+        local["preload"] = tuple(m for m in args.preload.split(",") if m)
+    daemon = start_daemon(settings.store_socket, args.store_dir)
+    try:
+
+        async def main() -> None:
+            tasks: set[asyncio.Task[None]] = set()
+
+            async def announce(url: str) -> None:
+                names = await deploy_examples(url, admin_token, specs) if specs else []
+                print(f"trims is up: gateway {url}", file=sys.stderr)
+                print(f"  API document   {url}/openapi.json", file=sys.stderr)
+                print(f"  metrics        {url}/metrics", file=sys.stderr)
+                print(f"  store socket   {settings.store_socket}", file=sys.stderr)
+                for name in names:
+                    print(f"  try: curl -d hello {url}/v1/functions/{name}/invoke", file=sys.stderr)
+                print(f"{gateway_cli.READY} url={url}", file=sys.stderr, flush=True)
+
+            def ready(url: str) -> None:
+                task = asyncio.get_running_loop().create_task(announce(url), name="trims-announce")
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+            await serve(settings, gateway_cli.executor_factory(settings, local), on_ready=ready)
+
+        uvloop.run(main())
+    finally:
+        stop_daemon(daemon)
+    return 0
