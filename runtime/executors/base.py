@@ -1,0 +1,218 @@
+"""The executor interface: start/stop function instances; invoke them over the wire protocol.
+
+An :class:`Executor` makes instances (processes, containers, pods); an :class:`Instance` is one
+of them. The gateway sees nothing else. :class:`WorkerInstance` implements everything an
+instance does over the worker's wire protocol, so an executor only says how to reach the
+worker (:meth:`WorkerInstance.address`) and how the process ended
+(:meth:`WorkerInstance.wait_exit_reason`).
+
+Error contract (what the gateway relies on):
+
+* the worker died before or during a request -> ``UpstreamError("instance <id> of <fn> died:
+  <reason>")`` and ``exit_reason`` is set (e.g. "killed by SIGSEGV", "out of memory");
+* init failed -> ``wait_ready`` raises ``UpstreamError`` with the worker's reason;
+* no reply within ``timeout`` -> ``trims.errors.Timeout`` (the instance stays up);
+* the handler raised or returned garbage -> ``UpstreamError`` (or the trims error it raised).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trims.runtime.wire import Kind, decode_arrays, encode_arrays
+from trims.runtime.worker.client import (
+    ConnectionLost,
+    WorkerConnection,
+    close_quietly,
+    raise_for_error,
+)
+
+from trims.errors import Timeout, Unavailable, UpstreamError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from trims.runtime.functions.spec import FunctionSpec
+
+log = logging.getLogger(__name__)
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+class Instance(abc.ABC):
+    id: str
+    function: str
+    executor: str
+    started_at: float
+    #: Why the instance ended ("killed by SIGKILL", "exited with code 1", ...); None while alive.
+    exit_reason: str | None = None
+
+    @abc.abstractmethod
+    async def wait_ready(self, timeout: float) -> None:
+        """Return once init(ctx) has run; UpstreamError with the reason if the instance died."""
+
+    @abc.abstractmethod
+    async def invoke(
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout: float,
+        trace: Mapping[str, str],
+    ) -> Reply: ...
+
+    @abc.abstractmethod
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], *, timeout: float, trace: Mapping[str, str]
+    ) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def alive(self) -> bool: ...
+
+
+class Executor(Protocol):
+    name: str
+
+    async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        """Create the instance (process/container exists); the caller then awaits wait_ready."""
+        ...
+
+    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
+        """SIGTERM (the worker drains in-flight requests), SIGKILL after ``grace_s``."""
+        ...
+
+    async def close(self) -> None:
+        """Stop every instance this executor started and release its resources."""
+        ...
+
+
+class WorkerInstance(Instance):
+    """An instance reached over the wire protocol; subclasses say where and how it ended."""
+
+    #: Seconds between connection attempts while the worker is still binding its socket.
+    CONNECT_RETRY_S = 0.005
+
+    def __init__(self, instance_id: str, function: str, executor: str) -> None:
+        self.id = instance_id
+        self.function = function
+        self.executor = executor
+        self.started_at = time.time()
+        self.pid: int | None = None
+        self._conn: WorkerConnection | None = None
+        self._ready = False
+
+    @abc.abstractmethod
+    def address(self) -> str:
+        """'unix:PATH' or 'tcp:HOST:PORT' of the worker."""
+
+    @abc.abstractmethod
+    async def wait_exit_reason(self, timeout: float) -> str | None:
+        """Wait up to ``timeout`` for the process to end and return why (None if still running)."""
+
+    def _died(self, reason: str | None) -> UpstreamError:
+        return UpstreamError(
+            f"instance {self.id} of {self.function} died: {reason or 'connection lost'}",
+            instance=self.id,
+        )
+
+    async def _death(self) -> UpstreamError:
+        reason = self.exit_reason or await self.wait_exit_reason(2.0)
+        if reason is not None:
+            self.exit_reason = reason
+        return self._died(reason)
+
+    async def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._conn is None:
+            if self.exit_reason is not None or not self.alive():
+                raise await self._death()
+            try:
+                self._conn = await WorkerConnection.open(self.address())
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise Timeout(
+                        f"instance {self.id} of {self.function} did not open "
+                        f"{self.address()} within {timeout:.1f} s"
+                    ) from None
+                await asyncio.sleep(self.CONNECT_RETRY_S)
+        try:
+            hello = await asyncio.wait_for(
+                self._conn.hello(), max(0.001, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            raise Timeout(
+                f"instance {self.id} of {self.function} did not finish init within {timeout:.1f} s"
+            ) from None
+        except ConnectionLost:
+            raise await self._death() from None
+        if hello.get("state") != "ready":
+            reason = str(hello.get("reason", "unknown reason"))
+            self.exit_reason = f"init failed: {reason}"
+            await close_quietly(self._conn)
+            raise UpstreamError(f"instance {self.id} of {self.function} failed to start: {reason}")
+        self.pid = hello.get("pid", self.pid)
+        self._ready = True
+
+    async def _request(
+        self, kind: Kind, meta: Mapping[str, Any] | None, body: bytes, timeout: float
+    ) -> Any:
+        conn = self._conn
+        if conn is None or not self._ready:
+            if self.exit_reason is not None:
+                raise self._died(self.exit_reason)
+            raise Unavailable(f"instance {self.id} of {self.function} is not ready")
+        try:
+            frame = await conn.request(kind, meta, body, timeout)
+        except TimeoutError:
+            raise Timeout(
+                f"function {self.function} did not answer within {timeout:.1f} s "
+                f"(instance {self.id})"
+            ) from None
+        except ConnectionLost:
+            raise await self._death() from None
+        raise_for_error(frame)
+        return frame
+
+    async def invoke(
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout: float,
+        trace: Mapping[str, str],
+    ) -> Reply:
+        meta: dict[str, Any] | None = None
+        if headers or trace:
+            meta = {}
+            if headers:
+                meta["h"] = dict(headers)
+            if trace:
+                meta["t"] = dict(trace)
+        frame = await self._request(Kind.INVOKE, meta, body, timeout)
+        m = frame.meta
+        if not m:
+            return Reply(200, _NO_HEADERS, frame.body)
+        return Reply(int(m.get("s", 200)), m.get("h") or _NO_HEADERS, frame.body)
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], *, timeout: float, trace: Mapping[str, str]
+    ) -> dict[str, np.ndarray]:
+        meta = {"t": dict(trace)} if trace else None
+        frame = await self._request(Kind.INFER, meta, encode_arrays(inputs), timeout)
+        return decode_arrays(frame.body)
+
+    async def close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        self._ready = False
+        await close_quietly(conn)

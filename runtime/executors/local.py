@@ -1,0 +1,275 @@
+"""The local executor: worker processes on this machine, reached over Unix sockets.
+
+``zygote=True`` (default) forks workers from a zygote that has already imported numpy, torch
+and onnxruntime; ``zygote=False`` spawns ``python -m trims worker`` for each instance (the
+cold-start baseline). Either way the worker confines itself (memory limit, ``run_as`` user,
+dies with its parent) before it loads function code, writes its log to
+``<state_dir>/<instance>.log``, and gets ``TRIMS_SOCKET`` so its models come from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from trims.runtime.executors.base import Instance, WorkerInstance
+from trims.runtime.executors.zygote import Zygote
+from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+
+from trims.errors import NotFound, ValidationError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRELOAD = ("numpy", "torch", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class LocalExecutorSettings:
+    #: Fork workers from a zygote with the frameworks imported (False: a fresh interpreter each).
+    zygote: bool = True
+    #: Where worker sockets and logs live; None = a temp dir removed on close().
+    state_dir: Path | None = None
+    #: Store socket passed to workers as TRIMS_SOCKET; None = trims.config.default_socket().
+    store_socket: Path | None = None
+    #: User the workers run as (name or uid); None = this process's user.
+    run_as: str | None = None
+    #: Modules the zygote imports before forking (missing ones are skipped).
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    #: Interpreter for the zygote and spawned workers.
+    python: str = sys.executable
+    #: Extra environment for every worker (the function's own env is added on top).
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class _Process(Protocol):
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class _SpawnedProcess:
+    """A ``python -m trims worker`` child; signals go to its whole process group."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+
+def _log_tail(path: Path, prefix: str) -> str:
+    """The last log line starting with ``prefix`` (the worker's own account of its end)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+    return ""
+
+
+class LocalInstance(WorkerInstance):
+    exit_reason: str | None
+    def __init__(
+        self, instance_id: str, spec: FunctionSpec, process: _Process, socket_path: Path,
+        log_path: Path,
+    ) -> None:  # fmt: skip
+        super().__init__(instance_id, spec.name, "local")
+        self.spec = spec
+        self.process = process
+        self.pid = process.pid
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watch_exit(), name=f"watch-{instance_id}"
+        )
+
+    async def _watch_exit(self) -> None:
+        code = await self.process.wait()
+        if self.exit_reason is None:
+            self.exit_reason = self._describe(code)
+        if code != 0:
+            log.warning("instance %s of %s ended: %s", self.id, self.function, self.exit_reason)
+
+    def _describe(self, code: int) -> str:
+        detail = _log_tail(self.log_path, "init failed:") if code == EXIT_INIT_FAILED else ""
+        return describe_returncode(
+            code, memory_bytes=self.spec.resources.memory_bytes, detail=detail
+        )
+
+    def address(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def wait_exit_reason(self, timeout: float) -> str | None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._watch), timeout)
+        except TimeoutError:
+            return None
+        return self.exit_reason
+
+    async def terminate(self, grace_s: float) -> None:
+        """SIGTERM (drain), SIGKILL after ``grace_s``; returns once the process is gone."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._watch), grace_s)
+            except TimeoutError:
+                log.warning("instance %s of %s did not drain in %.1f s; killing it",
+                            self.id, self.function, grace_s)  # fmt: skip
+                self.process.send_signal(signal.SIGKILL)
+        await asyncio.shield(self._watch)
+        await self.close_connection()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, settings: LocalExecutorSettings | None = None, **options: object) -> None:
+        """``LocalExecutor(zygote=False)`` is short for passing LocalExecutorSettings(...)."""
+        if settings is None:
+            try:
+                settings = LocalExecutorSettings(**options)  # type: ignore[arg-type]
+            except TypeError as e:
+                raise ValidationError(f"local executor: {e}") from e
+        self.settings = settings
+        self._own_state_dir = settings.state_dir is None
+        self._state_dir: Path | None = settings.state_dir
+        self._zygote: Zygote | None = None
+        self._zygote_lock = asyncio.Lock()
+        self._instances: dict[str, LocalInstance] = {}
+        self._closed = False
+
+    @property
+    def state_dir(self) -> Path:
+        if self._state_dir is None:
+            self._state_dir = Path(tempfile.mkdtemp(prefix="trims-local-"))
+        if not self._state_dir.exists():
+            self._state_dir.mkdir(parents=True, mode=0o755)
+        if self.settings.run_as is not None and os.getuid() == 0:
+            from trims.runtime.worker.sandbox import resolve_user
+
+            uid, gid = resolve_user(self.settings.run_as)
+            os.chown(self._state_dir, uid, gid)
+        return self._state_dir
+
+    @property
+    def instances(self) -> Sequence[Instance]:
+        return tuple(self._instances.values())
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.settings.env)
+        if self.settings.store_socket is not None:
+            env["TRIMS_SOCKET"] = str(self.settings.store_socket)
+        return env
+
+    async def prepare(self) -> None:
+        """Start the zygote now rather than on the first cold start (no-op without zygote)."""
+        if self.settings.zygote:
+            await self._get_zygote()
+
+    async def _get_zygote(self) -> Zygote:
+        async with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive():
+                if self._zygote is not None:
+                    await self._zygote.close()
+                self._zygote = await Zygote.start(
+                    python=self.settings.python, preload=self.settings.preload,
+                    env=self._base_env(),
+                )  # fmt: skip
+            return self._zygote
+
+    def _worker_argv(
+        self, spec: FunctionSpec, instance_id: str, socket_path: Path, parent: int
+    ) -> list[str]:
+        argv = [
+            "--spec-json", json.dumps(spec.to_dict()), "--listen", f"unix:{socket_path}",
+            "--instance-id", instance_id, "--parent-pid", str(parent),
+        ]  # fmt: skip
+        if self.settings.store_socket is not None:
+            argv += ["--store-socket", str(self.settings.store_socket)]
+        if self.settings.run_as is not None:
+            argv += ["--run-as", self.settings.run_as]
+        return argv
+
+    async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        if self._closed:
+            raise ValidationError("local executor is closed; create a new one")
+        if instance_id in self._instances:
+            raise ValidationError(f"instance id {instance_id!r} is already in use")
+        state = self.state_dir
+        socket_path = state / f"{instance_id}.sock"
+        log_path = state / f"{instance_id}.log"
+        env = self._base_env()
+        env.update(spec.env)
+        cwd = spec.code_dir or str(state)
+        process: _Process
+        if self.settings.zygote:
+            zygote = await self._get_zygote()
+            argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid)
+            process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
+        else:
+            argv = self._worker_argv(spec, instance_id, socket_path, os.getpid())
+            with log_path.open("ab") as logf:
+                spawned = await asyncio.create_subprocess_exec(
+                    self.settings.python, "-m", "trims", "worker", *argv,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, env=env, cwd=cwd,
+                    start_new_session=True,
+                )  # fmt: skip
+            process = _SpawnedProcess(spawned)
+        instance = LocalInstance(instance_id, spec, process, socket_path, log_path)
+        self._instances[instance_id] = instance
+        log.debug("instance %s of %s started (pid %d)", instance_id, spec.name, process.pid)
+        return instance
+
+    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
+        local = self._instances.pop(instance.id, None)
+        if local is None:
+            raise NotFound(f"instance {instance.id} is not managed by this local executor")
+        await local.terminate(grace_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        instances, self._instances = list(self._instances.values()), {}
+        await asyncio.gather(*(i.terminate(5.0) for i in instances), return_exceptions=True)
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
+        if self._own_state_dir and self._state_dir is not None:
+            shutil.rmtree(self._state_dir, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""The gateway <-> worker protocol: binary frames multiplexed by request id over one stream.
+
+Frame
+-----
+::
+
+    0         4            8      9        12          16
+    ┌─────────┬────────────┬──────┬────────┬───────────┬─────────────┬──────────────┐
+    │length u32│ request u32│kind u8│ 3 x 0 │ meta u32  │ meta (JSON) │ body (bytes) │
+    └─────────┴────────────┴──────┴────────┴───────────┴─────────────┴──────────────┘
+
+Big-endian. ``length`` counts everything after itself (12 + meta + body) and is bounded by
+:data:`MAX_FRAME`. ``meta`` is a small JSON object (or empty); the body travels as raw bytes,
+never JSON-escaped, and is written with ``writelines`` so large bodies are not copied.
+
+Conversation
+------------
+The worker speaks first on every connection, once ``init(ctx)`` has finished: ``HELLO`` with
+meta ``{"state": "ready", "pid", "function"}`` or ``{"state": "failed", "reason"}``. Then the
+client sends ``INVOKE`` (meta ``{"h": headers, "t": trace}``, body = request body) or ``INFER``
+(meta ``{"t": trace}``, body = :func:`encode_arrays`) with a fresh request id, any number at
+once; the worker answers each with ``REPLY`` (meta ``{"s": status, "h": headers}``) or
+``ERROR`` (meta ``{"code", "message"}`` from :mod:`trims.errors`) carrying the same id, in any
+order. ``CANCEL`` (client -> worker) abandons a request whose caller gave up (async handlers
+are cancelled; a sync handler runs to its end and its reply is dropped). ``t`` carries the W3C
+``traceparent``/``tracestate`` headers so the worker's spans join the caller's trace.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from trims.errors import ProtocolError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+HEADER = struct.Struct("!IIB3xI")
+HEADER_SIZE = HEADER.size
+_AFTER_LENGTH = HEADER_SIZE - 4
+#: Largest frame accepted (meta + body), in bytes.
+MAX_FRAME = 1 << 30
+_EMPTY_META = b""
+
+
+class Kind(IntEnum):
+    HELLO = 1
+    INVOKE = 2
+    INFER = 3
+    REPLY = 4
+    ERROR = 5
+    CANCEL = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    request_id: int
+    kind: Kind
+    meta: dict[str, Any]
+    body: bytes
+
+
+def encode_frame(
+    request_id: int, kind: Kind, meta: Mapping[str, Any] | None = None, body: bytes = b""
+) -> list[bytes]:
+    """The frame as buffers for ``transport.writelines`` (header+meta, then the body)."""
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else _EMPTY_META
+    length = _AFTER_LENGTH + len(meta_bytes) + len(body)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    head = HEADER.pack(length, request_id, kind, len(meta_bytes)) + meta_bytes
+    return [head, body] if body else [head]
+
+
+class FrameReader:
+    """Incremental decoder: ``feed`` bytes as they arrive, get the complete frames back."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= HEADER_SIZE:
+            length, rid, kind, meta_len = HEADER.unpack_from(buf, pos)
+            if length > MAX_FRAME or length < _AFTER_LENGTH + meta_len:
+                raise ProtocolError(f"bad frame: length {length}, meta {meta_len}")
+            total = 4 + length
+            if end - pos < total:
+                break
+            start = pos + HEADER_SIZE
+            meta: dict[str, Any] = json.loads(buf[start : start + meta_len]) if meta_len else {}
+            body = bytes(buf[start + meta_len : pos + total])
+            try:
+                frames.append(Frame(rid, Kind(kind), meta, body))
+            except ValueError as e:
+                raise ProtocolError(f"unknown frame kind {kind}") from e
+            pos += total
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+# --- arrays (the INFER body) --------------------------------------------------------------
+#
+#   u32 header length | header JSON {"arrays": [{"name","dtype","shape","offset","nbytes"}]}
+#   | data: each array C-contiguous at its offset (from the start of the data), 64-aligned.
+#
+# Object arrays (Open Inference Protocol BYTES) use dtype "bytes": the data is, per element,
+# u32 length + the bytes. decode_arrays returns read-only views over the body (no copy).
+
+_U32 = struct.Struct("!I")
+_ALIGN = 64
+
+
+def encode_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:
+    import numpy as np
+
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    offset = 0
+    for name, value in arrays.items():
+        arr = np.asarray(value)
+        if arr.dtype == object or arr.dtype.kind in "SU":
+            items = [v if isinstance(v, bytes) else str(v).encode() for v in arr.reshape(-1)]
+            data = b"".join(_U32.pack(len(v)) + v for v in items)
+            dtype = "bytes"
+        else:
+            data = np.ascontiguousarray(arr).tobytes()
+            dtype = arr.dtype.str
+        pad = -offset % _ALIGN
+        if pad:
+            chunks.append(b"\0" * pad)
+            offset += pad
+        entries.append(
+            {"name": name, "dtype": dtype, "shape": list(arr.shape), "offset": offset,
+             "nbytes": len(data)}
+        )  # fmt: skip
+        chunks.append(data)
+        offset += len(data)
+    header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
+    return _U32.pack(len(header)) + header + b"".join(chunks)
+
+
+def decode_arrays(body: bytes) -> dict[str, np.ndarray]:
+    import numpy as np
+
+    try:
+        (hlen,) = _U32.unpack_from(body, 0)
+        entries = json.loads(body[4 : 4 + hlen])["arrays"]
+        base = 4 + hlen
+        out: dict[str, np.ndarray] = {}
+        view = memoryview(body)
+        for e in entries:
+            start = base + int(e["offset"])
+            nbytes = int(e["nbytes"])
+            if start + nbytes > len(body):
+                raise ProtocolError(f"array {e['name']!r} runs past the end of the body")
+            shape = tuple(int(d) for d in e["shape"])
+            if e["dtype"] == "bytes":
+                items: list[bytes] = []
+                pos = start
+                while pos < start + nbytes:
+                    (n,) = _U32.unpack_from(body, pos)
+                    items.append(bytes(view[pos + 4 : pos + 4 + n]))
+                    pos += 4 + n
+                arr = np.empty(len(items), dtype=object)
+                arr[:] = items
+                out[e["name"]] = arr.reshape(shape)
+            else:
+                dtype = np.dtype(e["dtype"])
+                count = nbytes // dtype.itemsize if dtype.itemsize else 0
+                flat = np.frombuffer(body, dtype=dtype, count=count, offset=start)
+                out[e["name"]] = flat.reshape(shape)
+        return out
+    except (KeyError, TypeError, ValueError, struct.error) as e:
+        raise ProtocolError(f"malformed array body: {e}") from e

@@ -1,0 +1,142 @@
+"""The caller's side of the wire protocol: one multiplexed connection to one worker.
+
+``connect`` waits for the worker's HELLO; ``request`` sends a frame and awaits the frame with
+the same id. When the stream ends, every waiting request fails with :class:`ConnectionLost`
+(the instance turns that into an UpstreamError naming why the process died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any, cast
+
+from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
+
+from trims.errors import ProtocolError, UpstreamError, ValidationError
+
+
+class ConnectionLost(Exception):
+    """The worker closed the stream (it exited, crashed or was killed)."""
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._reader = FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending: dict[int, asyncio.Future[Frame]] = {}
+        self.closed = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except ProtocolError as e:
+            self._fail(ConnectionLost(f"worker sent a malformed frame: {e}"))
+            assert self.transport is not None
+            self.transport.close()
+            return
+        for frame in frames:
+            if frame.kind is Kind.HELLO:
+                if not self.hello.done():
+                    self.hello.set_result(frame.meta)
+                continue
+            fut = self.pending.pop(frame.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._fail(ConnectionLost(str(exc) if exc else "worker closed the connection"))
+        self.closed.set()
+
+    def _fail(self, error: Exception) -> None:
+        if not self.hello.done():
+            self.hello.set_exception(error)
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+
+class WorkerConnection:
+    def __init__(self, protocol: _ClientProtocol) -> None:
+        self._p = protocol
+        self._next_id = 1
+
+    @classmethod
+    async def open(cls, address: str) -> WorkerConnection:
+        """Connect to 'unix:PATH' or 'tcp:HOST:PORT' (OSError if nothing listens yet)."""
+        loop = asyncio.get_running_loop()
+        scheme, _, rest = address.partition(":")
+        if scheme == "unix":
+            _, protocol = await loop.create_unix_connection(_ClientProtocol, rest)
+        elif scheme == "tcp":
+            host, _, port = rest.rpartition(":")
+            _, protocol = await loop.create_connection(_ClientProtocol, host.strip("[]"), int(port))
+        else:
+            raise ValidationError(f"worker address {address!r}: use unix:PATH or tcp:HOST:PORT")
+        return cls(protocol)
+
+    async def hello(self) -> dict[str, Any]:
+        """The worker's HELLO: {"state": "ready"|"failed", "reason"?, "pid", ...}."""
+        return await asyncio.shield(self._p.hello)
+
+    @property
+    def closed(self) -> bool:
+        return self._p.transport is None
+
+    async def wait_closed(self) -> None:
+        await self._p.closed.wait()
+
+    async def request(
+        self, kind: Kind, meta: Mapping[str, Any] | None, body: bytes, timeout: float
+    ) -> Frame:
+        """Send one request and wait for its reply frame (REPLY or ERROR).
+
+        TimeoutError after ``timeout`` seconds (a CANCEL is sent to the worker);
+        ConnectionLost if the worker goes away first.
+        """
+        transport = self._p.transport
+        if transport is None:
+            raise ConnectionLost("worker connection is closed")
+        rid = self._next_id
+        self._next_id = rid + 1 if rid < 0xFFFFFFFF else 1
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._p.pending[rid] = fut
+        transport.writelines(encode_frame(rid, kind, meta, body))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            self._p.pending.pop(rid, None)
+            if self._p.transport is not None:
+                self._p.transport.writelines(encode_frame(rid, Kind.CANCEL))
+            raise
+
+    def close(self) -> None:
+        if self._p.transport is not None:
+            self._p.transport.close()
+
+
+def raise_for_error(frame: Frame) -> None:
+    """Re-raise an ERROR frame as the trims error it names."""
+    if frame.kind is Kind.ERROR:
+        from trims.errors import error_from_code
+
+        raise error_from_code(
+            str(frame.meta.get("code", "upstream")), str(frame.meta.get("message", ""))
+        )
+    if frame.kind is not Kind.REPLY:
+        raise UpstreamError(f"worker answered a request with a {frame.kind.name} frame")
+
+
+async def close_quietly(conn: WorkerConnection | None) -> None:
+    if conn is None:
+        return
+    conn.close()
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(conn.wait_closed(), 1.0)

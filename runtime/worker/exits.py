@@ -1,0 +1,45 @@
+"""How a worker process ended, in words: exit codes the worker uses and their descriptions.
+
+The executor sees only a wait status; the worker chooses distinctive exit codes for the endings
+it knows about so the executor can tell the gateway (and the client's 502) what happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from trims.config import format_size
+
+#: init(ctx) raised, a model could not be acquired, or the handler could not be imported.
+EXIT_INIT_FAILED = 113
+#: A handler hit the instance's memory limit (MemoryError); the instance is not reusable.
+EXIT_OUT_OF_MEMORY = 114
+
+
+def describe_exit(status: int, *, memory_bytes: int | None = None, detail: str = "") -> str:
+    """A raw wait status (``os.waitpid``) as a reason: 'killed by SIGSEGV', 'out of memory ...'."""
+    if os.WIFSIGNALED(status):
+        return describe_returncode(-os.WTERMSIG(status), memory_bytes=memory_bytes, detail=detail)
+    if os.WIFEXITED(status):
+        return describe_returncode(os.WEXITSTATUS(status), memory_bytes=memory_bytes, detail=detail)
+    return f"ended with wait status {status}"
+
+
+def describe_returncode(code: int, *, memory_bytes: int | None = None, detail: str = "") -> str:
+    """A returncode (negative = killed by that signal) as a reason."""
+    suffix = f": {detail}" if detail else ""
+    limit = f" (limit {format_size(memory_bytes)})" if memory_bytes else ""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if -code == signal.SIGKILL and memory_bytes:
+            return f"killed by {name} (possibly out of memory{limit}){suffix}"
+        return f"killed by {name}{suffix}"
+    if code == EXIT_INIT_FAILED:
+        return f"init failed{suffix}"
+    if code == EXIT_OUT_OF_MEMORY:
+        return f"out of memory{limit}{suffix}"
+    return f"exited with code {code}{suffix}"

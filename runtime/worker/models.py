@@ -1,0 +1,66 @@
+"""The models of one instance: acquired through the store before init(ctx), released at exit.
+
+Each acquisition holds a lease on the store; the lease keeps the daemon from freeing the memory
+the instance maps, and it ends when released here or when the process dies (the daemon ties
+leases to the connection).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from trims.runtime.functions.spec import FunctionSpec
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("trims.worker")
+
+
+@dataclass
+class ModelSet:
+    models: dict[str, Any] = field(default_factory=dict)
+    client: Any = None
+
+    def release_all(self) -> None:
+        for key, model in self.models.items():
+            closer = getattr(model, "close", None) or getattr(model, "release", None)
+            if closer is None:
+                continue
+            try:
+                closer()
+            except Exception:
+                log.warning("releasing model %s failed; its lease ends with the process", key)
+        self.models.clear()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def acquire_models(spec: FunctionSpec, store_socket: Path | None) -> ModelSet:
+    """Open every model the spec lists (store first, the ref's ``source`` as fallback)."""
+    out = ModelSet()
+    if not spec.models:
+        return out
+    from trims.runtime.client import StoreClient
+    from trims.runtime.models import open_model
+
+    out.client = StoreClient(store_socket)
+    try:
+        for ref in spec.models:
+            t0 = time.perf_counter()
+            with _tracer.start_as_current_span(
+                "model.acquire", attributes={"model": ref.name, "tier": ref.tier}
+            ):
+                out.models[ref.key] = open_model(
+                    ref.name, version=ref.version, source=ref.source, client=out.client
+                )
+            log.info("model %s opened for %s in %.1f ms",
+                     ref.name, spec.name, (time.perf_counter() - t0) * 1e3)  # fmt: skip
+    except BaseException:
+        out.release_all()
+        raise
+    return out

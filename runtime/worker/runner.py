@@ -1,0 +1,206 @@
+"""Run one function instance: acquire its models, import its code, init, serve, drain.
+
+The whole life of a worker process is :func:`run_worker`; the CLI (``trims worker``) and the
+zygote's fork child both call it with a :class:`WorkerSettings`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from opentelemetry import trace
+from trims.runtime.functions.context import Context, Request
+from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
+from trims.runtime.worker.exits import EXIT_INIT_FAILED, EXIT_OUT_OF_MEMORY
+from trims.runtime.worker.loader import FunctionCode, load_code
+from trims.runtime.worker.models import ModelSet, acquire_models
+from trims.runtime.worker.results import check_outputs, to_reply
+from trims.runtime.worker.sandbox import Confinement, confine
+from trims.runtime.worker.server import ListenAddress, WorkerServer
+
+from trims.errors import TrimsError, UpstreamError
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("trims.worker")
+#: Seconds a worker whose init failed waits for a client to collect the reason before exiting.
+FAILED_LINGER_S = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    spec: FunctionSpec
+    listen: ListenAddress
+    instance_id: str
+    #: Store socket for model acquisition; None -> trims.config.default_socket(environ).
+    store_socket: Path | None = None
+    confinement: Confinement = field(default_factory=Confinement)
+    otlp_endpoint: str | None = None
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.spec = settings.spec
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.spec.scaling.concurrency, thread_name_prefix=f"fn-{self.spec.name}"
+        )
+        self._code: FunctionCode | None = None
+        self._ctx: Context | None = None
+        self._models = ModelSet()
+        self.out_of_memory = asyncio.Event()
+        self.server = WorkerServer(
+            settings.listen,
+            self._run_frame,
+            {"pid": os.getpid(), "function": self.spec.name, "instance": settings.instance_id},
+        )
+
+    async def initialize(self) -> None:
+        """Acquire models, import code, run init(ctx). Raises with the reason on failure."""
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        with _tracer.start_as_current_span("worker.init", attributes={"function": self.spec.name}):
+            self._models = await loop.run_in_executor(
+                self._pool, acquire_models, self.spec, self.settings.store_socket
+            )
+            code: FunctionCode = await loop.run_in_executor(self._pool, load_code, self.spec)
+            self._code = code
+            self._ctx = Context(
+                function=self.spec.name,
+                instance_id=self.settings.instance_id,
+                models=MappingProxyType(self._models.models),
+                logger=logging.getLogger(f"trims.function.{self.spec.name}"),
+                tracer=trace.get_tracer(f"trims.function.{self.spec.name}"),
+                config=self.spec.config,
+            )
+            init = code.init
+            if init is not None:
+                if asyncio.iscoroutinefunction(init):
+                    await init(self._ctx)
+                else:
+                    await loop.run_in_executor(self._pool, init, self._ctx)
+        log.info(
+            "instance %s of %s ready in %.1f ms",
+            self.settings.instance_id, self.spec.name, (time.perf_counter() - t0) * 1e3,
+        )  # fmt: skip
+
+    async def _call(self, fn: Any, is_async: bool, *args: Any) -> Any:
+        if is_async:
+            return await fn(*args)
+        run = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run, fn, *args)
+
+    async def _run_frame(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
+        code, ctx = self._code, self._ctx
+        assert code is not None and ctx is not None
+        carrier = frame.meta.get("t")
+        parent = _extract(carrier) if carrier else None
+        name = "infer" if frame.kind is Kind.INFER else "handler"
+        with _tracer.start_as_current_span(
+            f"{name} {self.spec.name}", context=parent, kind=trace.SpanKind.SERVER
+        ) as span:
+            try:
+                if frame.kind is Kind.INFER:
+                    assert code.infer is not None
+                    inputs = decode_arrays(frame.body)
+                    result = await self._call(code.infer, code.infer_is_async, inputs, ctx)
+                    return {}, encode_arrays(check_outputs(self.spec.name, result))
+                request = Request(frame.body, MappingProxyType(frame.meta.get("h") or {}))
+                result = await self._call(code.handler, code.handler_is_async, request, ctx)
+                status, headers, body = to_reply(self.spec.name, result)
+                return {"s": status, "h": headers} if headers or status != 200 else {}, body
+            except MemoryError as e:
+                self.out_of_memory.set()
+                span.record_exception(e)
+                limit = self.spec.resources.memory_bytes
+                raise UpstreamError(
+                    f"{name} of {self.spec.name} ran out of memory"
+                    + (f" (limit {limit} bytes)" if limit else "")
+                    + "; the instance is replaced"
+                ) from e
+            except (TrimsError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                span.record_exception(e)
+                log.exception("%s of %s raised", name, self.spec.name)
+                raise UpstreamError(
+                    f"{name} of {self.spec.name} raised {type(e).__name__}: {e}"
+                ) from e
+
+    def close(self) -> None:
+        self._models.release_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _extract(carrier: Mapping[str, str]) -> Any:
+    from trims.telemetry import extract_context
+
+    return extract_context(dict(carrier))
+
+
+async def _serve(settings: WorkerSettings) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker = Worker(settings)
+    await worker.server.start()
+    try:
+        try:
+            await worker.initialize()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            reason = e.message if isinstance(e, TrimsError) else f"{type(e).__name__}: {e}"
+            log.error("instance %s of %s failed to start: %s",
+                      settings.instance_id, settings.spec.name, reason)  # fmt: skip
+            print(f"init failed: {reason}", file=sys.stderr, flush=True)
+            worker.server.set_failed(reason)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.server.failure_delivered.wait(), FAILED_LINGER_S)
+            await asyncio.sleep(0.05)
+            return EXIT_INIT_FAILED
+        worker.server.set_ready()
+        oom = loop.create_task(worker.out_of_memory.wait(), name="worker-oom-watch")
+        stopping = loop.create_task(stop.wait(), name="worker-stop-watch")
+        await asyncio.wait({oom, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        oom.cancel()
+        stopping.cancel()
+        if worker.out_of_memory.is_set():
+            await asyncio.sleep(0.05)
+            print("out of memory: a request hit the memory limit", file=sys.stderr, flush=True)
+            return EXIT_OUT_OF_MEMORY
+        await worker.server.drain()
+        return 0
+    finally:
+        await worker.server.close()
+        worker.close()
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """The worker process's main: confine, set up telemetry, serve until SIGTERM."""
+    from trims.telemetry import setup_logging, setup_tracing
+
+    confine(settings.confinement)
+    setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
+    if settings.otlp_endpoint:
+        setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
+    try:
+        import uvloop
+
+        return uvloop.run(_serve(settings))
+    except ImportError:
+        return asyncio.run(_serve(settings))
