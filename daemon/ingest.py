@@ -1,0 +1,124 @@
+"""Ingest: a local path or URL -> (fetch) -> convert into the canonical layout -> disk tier.
+
+Every intermediate file lives under the disk tier's ``tmp/`` and is removed whatever happens;
+the only thing an ingest leaves behind is a committed, verified layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from trims.daemon.formats import FORMATS, convert, detect_format
+from trims.daemon.formats.writer import Progress
+from trims.daemon.tiers import cloud
+from trims.daemon.tiers.disk import DiskTier
+
+from trims.config import format_size
+from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
+from trims.layout import Manifest, sha256_stream, validate_digest, validate_model_name
+from trims.layout import validate_version as _validate_version
+
+log = logging.getLogger(__name__)
+
+#: Longest source string accepted (a URL or a path).
+MAX_SOURCE = 4096
+
+
+def _local_source(source: str, expected_sha256: str | None, max_bytes: int) -> Path:
+    path = Path(source)
+    if not path.is_file():
+        raise ValidationError(f"model source {source} does not exist or is not a regular file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"model source {source} is {format_size(size)}, over the limit of "
+            f"{format_size(max_bytes)}",
+            size=size,
+            limit=max_bytes,
+        )
+    if expected_sha256 is not None:
+        with open(path, "rb") as f:
+            actual = sha256_stream(f, size)
+        if actual != expected_sha256:
+            raise CorruptModel(f"model source {source} has sha256 {actual}, not {expected_sha256}")
+    return path
+
+
+def _check_source(source: object) -> str:
+    if not isinstance(source, str) or not source or len(source) > MAX_SOURCE or "\0" in source:
+        raise ValidationError(
+            f"model source must be a path or an http(s)/s3 URL of at most {MAX_SOURCE} characters"
+        )
+    if "://" in source and not cloud.is_remote(source):
+        raise ValidationError(
+            f"unsupported source scheme {urlsplit(source).scheme!r}; use http(s):// or s3://"
+        )
+    return source
+
+
+def ingest(
+    source: str,
+    *,
+    name: str,
+    version: str,
+    fmt: str | None,
+    expected_sha256: str | None,
+    disk: DiskTier,
+    s3_endpoint: str | None,
+    progress: Progress | None,
+    max_bytes: int,
+    make_room: Callable[[int], None] | None = None,
+) -> Manifest:
+    """Bring ``source`` into the disk tier as model ``name:version``; return its manifest.
+
+    ``expected_sha256`` is the digest of the source file (not of the layout). ``make_room``,
+    when given, is called with the layout's size before it is committed, so the caller can
+    evict to fit its disk budget. Raises ValidationError, NotFound, Unavailable, CorruptModel,
+    PayloadTooLarge or ResourceExhausted; on any of them no file of this ingest remains.
+    """
+    validate_model_name(name)
+    _validate_version(version)
+    _check_source(source)
+    if fmt is not None and fmt not in FORMATS:
+        raise ValidationError(f"unknown model format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if expected_sha256 is not None:
+        expected_sha256 = validate_digest(expected_sha256.lower())
+    fetched: Path | None = None
+    layout = disk.new_temp()
+    try:
+        if cloud.is_remote(source):
+            fetched = disk.new_temp()
+            cloud.fetch(
+                source,
+                fetched,
+                s3_endpoint=s3_endpoint,
+                expected_sha256=expected_sha256,
+                progress=progress,
+                max_bytes=max_bytes,
+            )
+            local = fetched
+            if fmt is None:
+                fmt = detect_format(fetched, filename=Path(urlsplit(source).path).name)
+        else:
+            local = _local_source(source, expected_sha256, max_bytes)
+        manifest: Manifest = convert(
+            local, layout, name=name, version=version, fmt=fmt, progress=progress
+        )
+        if make_room is not None:
+            make_room(manifest.total_bytes)
+        disk.commit(layout, manifest)
+    finally:
+        layout.unlink(missing_ok=True)
+        if fetched is not None:
+            fetched.unlink(missing_ok=True)
+    log.info(
+        "model %s:%s ingested from %s as layout %s",
+        name,
+        version,
+        source if not cloud.is_remote(source) else cloud.redact(source),
+        manifest.digest[:12],
+    )
+    return manifest

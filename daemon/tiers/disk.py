@@ -1,0 +1,225 @@
+"""The disk tier: a content-addressed directory of canonical layouts.
+
+::
+
+    root/
+      blobs/<sha256>        the layout buffer, read-only (mode 0444)
+      blobs/<sha256>.json   its manifest (the first one committed for that content)
+      tmp/<uuid>.part       files being written: downloads, conversions, manifests
+
+Invariants: a blob is only ever created by renaming a fully written, fsynced temp file whose
+sha256 was recomputed and matched, and its manifest is written the same way afterwards, so a
+crash leaves either a complete entry, an orphan (cleaned at start-up) or a ``.part`` file
+(cleaned at start-up), never a half-written blob. :meth:`DiskTier.verify` recomputes the digest
+before a blob is served. Several models may share one blob when their layouts are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from pathlib import Path
+
+from trims.config import format_size
+from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
+from trims.layout import Manifest, sha256_stream, validate_digest
+
+log = logging.getLogger(__name__)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make renames and unlinks in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _file_digest(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        return sha256_stream(f, size)
+
+
+class DiskTier:
+    """Content-addressed layouts under ``root`` within a byte ``budget`` (0 disables the tier).
+
+    Thread-safe: the daemon commits from worker threads while it serves from the event loop.
+    """
+
+    def __init__(self, root: Path, budget: int) -> None:
+        if budget < 0:
+            raise ValidationError(f"disk tier budget {budget} must not be negative")
+        self.root = root
+        self.budget = budget
+        self._blobs = root / "blobs"
+        self._tmp = root / "tmp"
+        self._blobs.mkdir(parents=True, exist_ok=True)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        for blob in self._blobs.iterdir():
+            if blob.suffix == "" and blob.with_suffix(".json").exists():
+                self._sizes[blob.name] = blob.stat().st_size
+
+    def new_temp(self) -> Path:
+        """A fresh path under root/tmp for the caller to write (not created here)."""
+        return self._tmp / f"{uuid.uuid4().hex}.part"
+
+    def path(self, digest: str) -> Path:
+        return self._blobs / validate_digest(digest)
+
+    def _manifest_path(self, digest: str) -> Path:
+        return self._blobs / f"{validate_digest(digest)}.json"
+
+    def contains(self, digest: str) -> bool:
+        with self._lock:
+            return validate_digest(digest) in self._sizes
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def free_bytes(self) -> int:
+        return max(self.budget - self.used_bytes(), 0)
+
+    def digests(self) -> list[str]:
+        with self._lock:
+            return sorted(self._sizes)
+
+    def commit(self, temp: Path, manifest: Manifest) -> None:
+        """Verify ``temp`` against ``manifest`` and move it into place; idempotent.
+
+        CorruptModel (and ``temp`` removed) when its size or sha256 does not match;
+        ResourceExhausted (and ``temp`` removed) when it does not fit the budget.
+        """
+        digest = validate_digest(manifest.digest)
+        try:
+            size = temp.stat().st_size
+            if size != manifest.total_bytes:
+                raise CorruptModel(
+                    f"layout of {manifest.name}:{manifest.version} has {size} bytes, its "
+                    f"manifest says {manifest.total_bytes}; it was not stored"
+                )
+            actual = _file_digest(temp, size)
+            if actual != digest:
+                raise CorruptModel(
+                    f"layout of {manifest.name}:{manifest.version} has sha256 {actual}, its "
+                    f"manifest says {digest}; it was not stored"
+                )
+            with self._lock:
+                if digest in self._sizes:
+                    temp.unlink()
+                    log.info("model %s: layout %s already on disk", manifest.name, digest[:12])
+                    return
+                used = sum(self._sizes.values())
+                if used + size > self.budget:
+                    raise ResourceExhausted(
+                        f"model {manifest.name} ({format_size(size)}) does not fit the disk tier "
+                        f"(budget {format_size(self.budget)}, used {format_size(used)}); "
+                        "remove models or raise --disk-budget",
+                        needed=size,
+                        budget=self.budget,
+                        used=used,
+                    )
+                self._place(temp, manifest)
+                self._sizes[digest] = size
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        log.info(
+            "model %s:%s stored on disk as %s (%s)",
+            manifest.name,
+            manifest.version,
+            digest[:12],
+            format_size(size),
+        )
+
+    def _place(self, temp: Path, manifest: Manifest) -> None:
+        blob = self._blobs / manifest.digest
+        with open(temp, "rb") as f:
+            os.fchmod(f.fileno(), 0o444)
+            os.fsync(f.fileno())
+        meta_temp = self.new_temp()
+        with open(meta_temp, "x", encoding="utf-8") as f:
+            json.dump(manifest.to_dict(), f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.rename(temp, blob)
+            os.rename(meta_temp, self._manifest_path(manifest.digest))
+        finally:
+            meta_temp.unlink(missing_ok=True)
+        fsync_dir(self._blobs)
+
+    def manifest(self, digest: str) -> Manifest:
+        try:
+            text = self._manifest_path(digest).read_text(encoding="utf-8")
+        except FileNotFoundError as e:
+            raise NotFound(f"layout {digest} is not on disk") from e
+        try:
+            return Manifest.from_dict(json.loads(text))
+        except (json.JSONDecodeError, ValidationError) as e:
+            raise CorruptModel(
+                f"manifest of layout {digest} on disk is unreadable ({e}); remove the model and "
+                "add it again"
+            ) from e
+
+    def verify(self, digest: str) -> None:
+        """Recompute the blob's sha256; CorruptModel when it differs from its name."""
+        manifest = self.manifest(digest)
+        blob = self.path(digest)
+        try:
+            size = blob.stat().st_size
+        except FileNotFoundError as e:
+            raise NotFound(f"layout {digest} is not on disk") from e
+        if size != manifest.total_bytes:
+            raise CorruptModel(
+                f"layout {digest} of {manifest.name} on disk has {size} bytes instead of "
+                f"{manifest.total_bytes}; remove the model and add it again"
+            )
+        try:
+            actual = _file_digest(blob, size)
+        except CorruptModel as e:
+            raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
+        if actual != digest:
+            raise CorruptModel(
+                f"layout {digest} of {manifest.name} on disk has sha256 {actual}: the file is "
+                "damaged; remove the model and add it again"
+            )
+
+    def remove(self, digest: str) -> None:
+        """Delete a blob and its manifest; NotFound when neither exists."""
+        blob, meta = self.path(digest), self._manifest_path(digest)
+        with self._lock:
+            existed = blob.exists() or meta.exists()
+            blob.unlink(missing_ok=True)
+            meta.unlink(missing_ok=True)
+            size = self._sizes.pop(digest, 0)
+        if not existed:
+            raise NotFound(f"layout {digest} is not on disk")
+        fsync_dir(self._blobs)
+        log.info("layout %s removed from disk (%s freed)", digest[:12], format_size(size))
+
+    def cleanup_temps(self) -> int:
+        """Delete leftover ``.part`` files and orphan blobs/manifests; return how many."""
+        removed = 0
+        with self._lock:
+            for part in self._tmp.iterdir():
+                part.unlink(missing_ok=True)
+                removed += 1
+            for entry in self._blobs.iterdir():
+                if entry.suffix == ".json":
+                    orphan = not entry.with_suffix("").exists()
+                else:
+                    orphan = entry.name not in self._sizes
+                if orphan:
+                    entry.unlink(missing_ok=True)
+                    removed += 1
+        if removed:
+            fsync_dir(self._blobs)
+            log.info("disk tier %s: removed %d leftover partial files", self.root, removed)
+        return removed

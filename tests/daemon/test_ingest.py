@@ -1,0 +1,159 @@
+"""ingest(): local paths and URLs into the disk tier, with nothing left behind on failure."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trims.daemon.ingest import ingest
+from trims.daemon.tiers.disk import DiskTier
+
+from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
+from tests.daemon.test_cloud import serve_files
+from trims.errors import CorruptModel, PayloadTooLarge, ResourceExhausted, ValidationError
+from trims.layout import Manifest
+
+torch = pytest.importorskip("torch")
+st_torch = pytest.importorskip("safetensors.torch")
+
+LIMIT = 1 << 30
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> DiskTier:
+    return DiskTier(tmp_path / "disk", budget=1 << 30)
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    path = tmp_path / "src" / "model.safetensors"
+    path.parent.mkdir()
+    st_torch.save_file({"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(3)}, path)
+    return path
+
+
+def _nothing_left(disk: DiskTier) -> bool:
+    return not list((disk.root / "tmp").iterdir()) and not list((disk.root / "blobs").iterdir())
+
+
+def _ingest(source: str, disk: DiskTier, **kw: Any) -> Manifest:
+    args: dict[str, Any] = {
+        "name": "m",
+        "version": "1",
+        "fmt": None,
+        "expected_sha256": None,
+        "s3_endpoint": None,
+        "progress": None,
+        "max_bytes": LIMIT,
+    }
+    args.update(kw)
+    return ingest(source, disk=disk, **args)
+
+
+def test_local_file(disk: DiskTier, model_file: Path) -> None:
+    sha = hashlib.sha256(model_file.read_bytes()).hexdigest()
+    room: list[int] = []
+    manifest = ingest(
+        str(model_file),
+        name="m",
+        version="1",
+        fmt=None,
+        expected_sha256=sha.upper(),
+        disk=disk,
+        s3_endpoint=None,
+        progress=None,
+        max_bytes=LIMIT,
+        make_room=room.append,
+    )
+    assert room == [manifest.total_bytes]
+    assert disk.contains(manifest.digest)
+    blob = disk.path(manifest.digest)
+    check_layout(blob, manifest)
+    assert read_raw(blob, manifest)["w"] == torch_raw(torch.arange(1000, dtype=torch.float32))
+    assert not list((disk.root / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "", ".hidden", "x" * 200, "a..b"])
+def test_bad_names(disk: DiskTier, model_file: Path, name: str) -> None:
+    with pytest.raises(ValidationError, match="invalid model name"):
+        _ingest(str(model_file), disk, name=name)
+    assert _nothing_left(disk)
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("/no/such/file.safetensors", "does not exist"),
+        ("ftp://example.com/m.onnx", "unsupported source scheme"),
+        ("", "model source"),
+        ("a\0b", "model source"),
+    ],
+)
+def test_bad_sources(disk: DiskTier, source: str, words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        _ingest(source, disk)
+    assert _nothing_left(disk)
+
+
+def test_directory_is_not_a_model(disk: DiskTier, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="not a regular file"):
+        _ingest(str(tmp_path), disk)
+
+
+def test_oversize_local_file(disk: DiskTier, model_file: Path) -> None:
+    with pytest.raises(PayloadTooLarge, match="over the limit"):
+        _ingest(str(model_file), disk, max_bytes=100)
+    assert _nothing_left(disk)
+
+
+def test_sha256_mismatch(disk: DiskTier, model_file: Path) -> None:
+    with pytest.raises(CorruptModel, match="sha256"):
+        _ingest(str(model_file), disk, expected_sha256="0" * 64)
+    assert _nothing_left(disk)
+
+
+def test_corrupt_file_leaves_nothing(disk: DiskTier, model_file: Path) -> None:
+    model_file.write_bytes(model_file.read_bytes()[:-50])
+    with pytest.raises(CorruptModel, match="truncated"):
+        _ingest(str(model_file), disk)
+    assert _nothing_left(disk)
+
+
+def test_over_budget_leaves_nothing(tmp_path: Path, model_file: Path) -> None:
+    disk = DiskTier(tmp_path / "small", budget=100)
+    with pytest.raises(ResourceExhausted):
+        _ingest(str(model_file), disk)
+    assert _nothing_left(disk)
+
+
+def test_failing_make_room_leaves_nothing(disk: DiskTier, model_file: Path) -> None:
+    def refuse(size: int) -> None:
+        raise ResourceExhausted(f"cannot free {size} bytes")
+
+    with pytest.raises(ResourceExhausted, match="cannot free"):
+        _ingest(str(model_file), disk, make_room=refuse)
+    assert _nothing_left(disk)
+
+
+def test_http_source(disk: DiskTier, model_file: Path) -> None:
+    stages: set[str] = set()
+    with serve_files({"/models/model.safetensors": model_file.read_bytes()}) as base:
+        manifest = _ingest(
+            f"{base}/models/model.safetensors",
+            disk,
+            progress=lambda stage, done, total: stages.add(stage),
+        )
+    assert stages == {"download", "convert"}
+    assert disk.contains(manifest.digest)
+    assert not list((disk.root / "tmp").iterdir())
+
+
+def test_http_source_cut_mid_body_leaves_nothing(disk: DiskTier, model_file: Path) -> None:
+    with (
+        serve_files({"/m.safetensors": model_file.read_bytes()}, cut=True) as base,
+        pytest.raises(CorruptModel, match="connection cut"),
+    ):
+        _ingest(f"{base}/m.safetensors", disk)
+    assert _nothing_left(disk)
