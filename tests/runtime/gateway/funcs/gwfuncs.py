@@ -1,0 +1,39 @@
+"""Functions the gateway tests deploy: echo with a few misbehaviours chosen by the body."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+from opentelemetry import trace
+from trims.runtime.functions.context import Context, Request, Response
+
+
+def handler(request: Request, ctx: Context) -> Any:
+    body = request.body
+    if body == b"crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if body.startswith(b"sleep:"):
+        time.sleep(float(body[6:]))
+        return b"slept"
+    if body == b"pid":
+        return str(os.getpid())
+    if body == b"trace":
+        return format(trace.get_current_span().get_span_context().trace_id, "032x")
+    if body == b"headers":
+        return dict(request.headers)
+    return Response(body=body, headers={"Content-Type": request.content_type})
+
+
+def upper(request: Request, ctx: Context) -> Any:
+    return request.body.upper()
+
+
+def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:
+    """y = x @ w + b with the weights from the store (model 'lin')."""
+    weights = ctx.models["lin"]
+    w, b = weights["w"], weights["b"]
+    return {"y": (inputs["x"] @ w + b).astype(np.float32)}
