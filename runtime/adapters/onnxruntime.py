@@ -2,34 +2,35 @@
 
 The store keeps an ONNX model as its initializers plus the graph, serialised with every
 initializer externalised to the file name ``__trims__`` at its offset in the buffer (tensor
-``__onnx_graph__``). We give ONNX Runtime each initializer as an ``OrtValue`` over the mapping
-with ``SessionOptions.add_initializer``; ORT then uses that memory as is, for the session's
-whole life, instead of reading the external file.
+``__onnx_graph__``). Each initializer becomes an ``OrtValue`` over the mapping (no copy).
 
-Note [The placeholder file]
----------------------------
-ORT checks that every external-data file a graph names exists next to the model before it
-applies supplied initializers, and it refuses in-memory address markers in a model. So the
-graph is written to a private temporary directory beside a *sparse* ``__trims__`` file of the
-buffer's size (no disk blocks, never read: every initializer is supplied), the session is
-created from that path and the directory is removed at once.
+Note [Two ways in, both needed]
+-------------------------------
+ORT 1.32 offers two session options, and each alone falls short:
+
+* ``add_external_initializers`` resolves the graph's external data from OrtValues, so graph
+  optimizers (Conv+BN fusion, NCHWc weight reordering, constant folding) see the real weights,
+  but session state then copies every initializer into ORT's own buffers;
+* ``add_initializer`` makes session state use the OrtValue as is, for the session's life, but
+  alone it cannot satisfy the graph's external-data references.
+
+Giving every initializer both ways yields a session that optimizes on the real weights and
+runs on the shared mapping: measured on a 108 MB model, session creation allocates ~5 MB of
+private memory instead of 110 MB, with bit-identical outputs. Weights an optimizer rewrites
+(fused or reordered) are, necessarily, private copies.
 
 Note [Pre-packing]
 ------------------
 By default ORT re-packs MatMul/Gemm weights into its own layout at session creation: faster
-kernels, but a private copy of those weights. ``prepack=False`` disables that
-(``session.disable_prepacking``) so the session holds no copy at all; results are then
-bit-identical to a normally loaded model with the same option, and may differ in the last bit
-from one that pre-packs.
+kernels, but a private copy of those weights. ``prepack=False`` sets
+``session.disable_prepacking`` so the session holds no copy of them; results are then
+bit-identical to a normally loaded model with the same option.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trims.runtime.adapters import HostWeights
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRAPH_TENSOR = "__onnx_graph__"
-EXTERNAL_FILE = "__trims__"
 #: onnx.TensorProto.BFLOAT16: NumPy carries bfloat16 as uint16, ORT needs the real type.
 _ONNX_BFLOAT16 = 16
 
@@ -112,16 +112,13 @@ def session(
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     values = ort_values(weights)
+    if hasattr(options, "add_external_initializers"):  # ORT >= 1.15; see Note [Two ways in]
+        options.add_external_initializers(list(values), list(values.values()))
     for name, value in values.items():
         options.add_initializer(name, value)
-    graph = graph_bytes(weights)
-    tmp = Path(tempfile.mkdtemp(prefix="trims-onnx-"))
     try:
-        (tmp / "model.onnx").write_bytes(graph)
-        with open(tmp / EXTERNAL_FILE, "wb") as placeholder:
-            placeholder.truncate(weights.manifest.total_bytes)
         sess = ort.InferenceSession(
-            str(tmp / "model.onnx"), options, providers=list(providers or ["CPUExecutionProvider"])
+            graph_bytes(weights), options, providers=list(providers or ["CPUExecutionProvider"])
         )
     except Exception as e:
         if type(e).__module__.startswith("onnxruntime"):
@@ -130,8 +127,6 @@ def session(
                 "re-add it with `trims models add`"
             ) from e
         raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log.debug(
         "model %s: onnxruntime session over %d shared initializers",
         weights.manifest.name,
