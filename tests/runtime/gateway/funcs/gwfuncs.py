@@ -22,7 +22,8 @@ def handler(request: Request, ctx: Context) -> Any:
     if body == b"pid":
         return str(os.getpid())
     if body == b"trace":
-        return format(trace.get_current_span().get_span_context().trace_id, "032x")
+        context = trace.get_current_span().get_span_context()
+        return f"{context.trace_id:032x}-{context.span_id:016x}"
     if body == b"headers":
         return dict(request.headers)
     return Response(body=body, headers={"Content-Type": request.content_type})
