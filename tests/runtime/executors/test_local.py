@@ -1,0 +1,385 @@
+"""The local executor with real zygote and worker processes: happy path and misbehaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trims.runtime.executors.base import Instance
+from trims.runtime.executors.local import LocalExecutor, LocalInstance
+from trims.runtime.functions.spec import FunctionSpec
+
+from trims.errors import Timeout, UpstreamError, ValidationError
+
+MakeFunction = Callable[..., FunctionSpec]
+StartInstance = Callable[..., Awaitable[Instance]]
+
+ECHO = """
+def handler(request, ctx):
+    return request.body
+"""
+
+
+async def _invoke(instance: Instance, body: bytes = b"", timeout: float = 30.0) -> bytes:
+    reply = await instance.invoke(body, {}, timeout=timeout, trace={})
+    return reply.body
+
+
+def _gone(pid: int) -> bool:
+    """True when no process (not even a zombie) has this pid any more."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawn"])
+async def test_echo_round_trip(
+    make_function: MakeFunction, start_instance: StartInstance, zygote: bool
+) -> None:
+    instance = await start_instance(make_function(ECHO), zygote=zygote)
+    reply = await instance.invoke(b"\x00hello\xff", {"content-type": "x/y"}, timeout=30, trace={})
+    assert (reply.status, reply.body) == (200, b"\x00hello\xff")
+    assert reply.headers["content-type"] == "application/octet-stream"
+    assert instance.alive() and instance.exit_reason is None
+
+
+async def test_init_runs_once_and_config_and_headers_reach_the_handler(
+    make_function: MakeFunction, start_instance: StartInstance, tmp_path: Path
+) -> None:
+    marker = tmp_path / "init-calls"
+    spec = make_function(
+        f"""
+        from trims.runtime.functions import Response
+
+        def init(ctx):
+            with open({str(marker)!r}, "a") as f:
+                f.write("x")
+            ctx.state["greeting"] = ctx.config["greeting"]
+
+        def handler(request, ctx):
+            body = {{"greeting": ctx.state["greeting"], "got": request.json(),
+                     "type": request.content_type, "fn": ctx.function}}
+            return Response(status=201, body=__import__("json").dumps(body),
+                            headers={{"x-fn": ctx.function}})
+        """,
+        name="greeter",
+        config={"greeting": "hi"},
+    )
+    instance = await start_instance(spec)
+    for i in range(3):
+        reply = await instance.invoke(
+            json.dumps({"i": i}).encode(), {"content-type": "application/json"},
+            timeout=30, trace={},
+        )  # fmt: skip
+        assert reply.status == 201 and reply.headers["x-fn"] == "greeter"
+        assert json.loads(reply.body) == {
+            "greeting": "hi", "got": {"i": i}, "type": "application/json", "fn": "greeter"
+        }  # fmt: skip
+    assert marker.read_text() == "x"
+
+
+async def test_async_handler_and_concurrent_requests(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        import asyncio
+        waiting = []
+
+        async def handler(request, ctx):
+            event = asyncio.Event()
+            waiting.append(event)
+            if len(waiting) == 2:
+                for e in waiting:
+                    e.set()
+            await asyncio.wait_for(event.wait(), 20)
+            return request.text().upper()
+        """
+    )
+    instance = await start_instance(spec)
+    replies = await asyncio.gather(_invoke(instance, b"a"), _invoke(instance, b"b"))
+    assert replies == [b"A", b"B"]
+
+
+async def test_sync_handlers_run_concurrently_up_to_the_concurrency(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        import threading
+        barrier = threading.Barrier(3, timeout=20)
+
+        def handler(request, ctx):
+            barrier.wait()
+            return threading.current_thread().name
+        """,
+        scaling={"concurrency": 3},
+    )
+    instance = await start_instance(spec)
+    names = await asyncio.gather(*(_invoke(instance) for _ in range(3)))
+    assert len(set(names)) == 3
+
+
+async def test_trace_context_reaches_the_handler(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        from opentelemetry import trace
+
+        def handler(request, ctx):
+            with ctx.tracer.start_as_current_span("inner"):
+                span = trace.get_current_span().get_span_context()
+            return {"trace_id": format(span.trace_id, "032x")}
+        """
+    )
+    instance = await start_instance(spec)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    reply = await instance.invoke(
+        b"", {}, timeout=30, trace={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}
+    )
+    assert json.loads(reply.body) == {"trace_id": trace_id}
+
+
+async def test_infer_round_trips_arrays(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        def handler(request, ctx):
+            return "use infer"
+
+        def infer(inputs, ctx):
+            return {"y": inputs["x"] * 2, "n": inputs["x"].sum(keepdims=True)}
+        """,
+        serves={
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+        },
+    )
+    instance = await start_instance(spec)
+    x = np.arange(5, dtype=np.float32)
+    out = await instance.infer({"x": x}, timeout=30, trace={})
+    np.testing.assert_array_equal(out["y"], x * 2)
+    assert out["n"].tolist() == [10.0]
+
+
+async def test_handler_exception_and_garbage_are_upstream_errors(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        from trims.errors import ValidationError
+
+        def handler(request, ctx):
+            kind = request.text()
+            if kind == "raise":
+                raise ValueError("bad pixel")
+            if kind == "invalid":
+                raise ValidationError("field x is missing")
+            return object()
+        """
+    )
+    instance = await start_instance(spec)
+    with pytest.raises(UpstreamError, match="handler of fn raised ValueError: bad pixel"):
+        await _invoke(instance, b"raise")
+    with pytest.raises(ValidationError, match="field x is missing"):
+        await _invoke(instance, b"invalid")
+    with pytest.raises(UpstreamError, match="returned a object"):
+        await _invoke(instance, b"garbage")
+    assert instance.alive()
+
+
+async def test_init_failure_reports_the_reason(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        def init(ctx):
+            raise RuntimeError("weights missing")
+
+        def handler(request, ctx):
+            return b""
+        """
+    )
+    instance = await start_instance(spec, ready=False)
+    with pytest.raises(UpstreamError, match="RuntimeError: weights missing"):
+        await instance.wait_ready(30)
+    assert instance.exit_reason is not None and "weights missing" in instance.exit_reason
+
+
+async def test_import_error_of_the_handler_module_is_reported(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function("import no_such_module_anywhere\n")
+    instance = await start_instance(spec, ready=False)
+    with pytest.raises(UpstreamError, match="no_such_module_anywhere"):
+        await instance.wait_ready(30)
+
+
+CRASHER = """
+import ctypes, os, time
+
+def handler(request, ctx):
+    kind = request.text()
+    if kind == "exit":
+        os._exit(3)
+    if kind == "segfault":
+        ctypes.string_at(0)
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "alloc":
+        block = bytearray(512 << 20)
+        return str(len(block))
+    return "ok"
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [("exit", "exited with code 3"), ("segfault", "killed by SIGSEGV")],
+)
+async def test_crash_mid_request_names_the_reason(
+    make_function: MakeFunction, start_instance: StartInstance, kind: str, reason: str
+) -> None:
+    instance = await start_instance(make_function(CRASHER, name="crasher"))
+    assert isinstance(instance, LocalInstance)
+    with pytest.raises(UpstreamError, match=f"instance .* of crasher died: {reason}"):
+        await _invoke(instance, kind.encode())
+    assert instance.exit_reason is not None and instance.exit_reason.startswith(reason)
+    assert not instance.alive()
+    await asyncio.sleep(0.1)
+    assert _gone(instance.process.pid), "the crashed worker was not reaped"
+
+
+async def test_kill_9_mid_request(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    instance = await start_instance(make_function(CRASHER, name="crasher"))
+    assert isinstance(instance, LocalInstance)
+    call = asyncio.ensure_future(_invoke(instance, b"hang"))
+    await asyncio.sleep(0.2)
+    os.kill(instance.process.pid, signal.SIGKILL)
+    with pytest.raises(UpstreamError, match="died: killed by SIGKILL"):
+        await call
+
+
+async def test_hang_times_out_and_stop_ends_the_instance(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    executor = local_executor()
+    instance = await executor.start(make_function(CRASHER, name="crasher"), "hang-1")
+    await instance.wait_ready(30)
+    with pytest.raises(Timeout, match=r"did not answer within 0\.3 s"):
+        await _invoke(instance, b"hang", timeout=0.3)
+    assert instance.alive()
+    await executor.stop(instance, grace_s=5)
+    assert not instance.alive()
+    # The caller gave up on the hung request (CANCEL), so nothing is left to drain.
+    assert instance.exit_reason == "exited with code 0"
+
+
+async def test_memory_limit_kills_the_instance_with_the_reason(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(CRASHER, name="hog", resources={"memory": "128MiB"})
+    instance = await start_instance(spec)
+    assert await _invoke(instance, b"small") == b"ok"
+    with pytest.raises(UpstreamError, match="ran out of memory"):
+        await _invoke(instance, b"alloc")
+    assert isinstance(instance, LocalInstance)
+    reason = await instance.wait_exit_reason(10)
+    assert reason is not None and reason.startswith("out of memory (limit 128.0 MiB)")
+
+
+async def test_sigterm_drains_in_flight_requests(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    spec = make_function(
+        """
+        import time
+
+        def handler(request, ctx):
+            time.sleep(0.5)
+            return "done"
+        """
+    )
+    executor = local_executor()
+    instance = await executor.start(spec, "drain-1")
+    await instance.wait_ready(30)
+    call = asyncio.ensure_future(_invoke(instance))
+    await asyncio.sleep(0.1)
+    await executor.stop(instance, grace_s=20)
+    assert await call == b"done"
+    assert instance.exit_reason == "exited with code 0"
+
+
+async def test_close_stops_every_worker_and_the_zygote(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    executor = local_executor()
+    spec = make_function(ECHO)
+    instances = [await executor.start(spec, f"echo-{i}") for i in range(2)]
+    for instance in instances:
+        await instance.wait_ready(30)
+    pids = [i.process.pid for i in instances if isinstance(i, LocalInstance)]
+    await executor.close()
+    await asyncio.sleep(0.1)
+    assert all(_gone(pid) for pid in pids)
+    with pytest.raises(ValidationError, match="closed"):
+        await executor.start(spec, "late")
+
+
+async def test_zygote_children_inherit_preloaded_modules(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    spec = make_function(
+        """
+        import sys
+        PRELOADED = "numpy.random" in sys.modules
+
+        def handler(request, ctx):
+            import numpy
+            return {"preloaded": PRELOADED, "random": float(numpy.random.random())}
+        """
+    )
+    executor = local_executor()
+    a = await executor.start(spec, "a")
+    b = await executor.start(spec, "b")
+    await a.wait_ready(30)
+    await b.wait_ready(30)
+    ra, rb = json.loads(await _invoke(a)), json.loads(await _invoke(b))
+    assert ra["preloaded"] and rb["preloaded"]
+    assert ra["random"] != rb["random"], "forked workers share the zygote's random state"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="dropping to another user needs root")
+async def test_run_as_drops_privileges(
+    local_executor: Callable[..., LocalExecutor],
+) -> None:
+    from trims.runtime.functions.spec import parse_spec
+
+    code = Path(tempfile.mkdtemp(prefix="trims-runas-"))
+    try:
+        code.chmod(0o755)
+        (code / "handler.py").write_text(
+            "import os\n\ndef handler(request, ctx):\n    return {'uid': os.getuid()}\n"
+        )
+        (code / "handler.py").chmod(0o644)
+        spec = parse_spec({"name": "whoami", "handler": "handler:handler", "code_dir": str(code)})
+        executor = local_executor(run_as="nobody", state_dir=None)
+        instance = await executor.start(spec, "whoami-1")
+        await instance.wait_ready(30)
+        import pwd
+
+        assert json.loads(await _invoke(instance)) == {"uid": pwd.getpwnam("nobody").pw_uid}
+        await executor.close()
+    finally:
+        import shutil
+
+        shutil.rmtree(code, ignore_errors=True)

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from trims.runtime.wire import (
+    HEADER,
+    FrameReader,
+    Kind,
+    decode_arrays,
+    encode_arrays,
+    encode_frame,
+)
+
+from trims.errors import ProtocolError
+
+
+def _bytes(buffers: list[bytes]) -> bytes:
+    return b"".join(buffers)
+
+
+def test_frames_round_trip_when_fed_byte_by_byte() -> None:
+    data = _bytes(encode_frame(7, Kind.INVOKE, {"h": {"a": "b"}}, b"\x00body\xff"))
+    data += _bytes(encode_frame(8, Kind.REPLY, None, b""))
+    reader = FrameReader()
+    frames = [f for i in range(len(data)) for f in reader.feed(data[i : i + 1])]
+    assert [(f.request_id, f.kind, f.meta, f.body) for f in frames] == [
+        (7, Kind.INVOKE, {"h": {"a": "b"}}, b"\x00body\xff"),
+        (8, Kind.REPLY, {}, b""),
+    ]
+
+
+def test_many_frames_in_one_chunk_and_large_bodies() -> None:
+    big = bytes(range(256)) * 40_000
+    data = b"".join(_bytes(encode_frame(i, Kind.INVOKE, None, big)) for i in range(1, 4))
+    frames = FrameReader().feed(data)
+    assert [f.request_id for f in frames] == [1, 2, 3]
+    assert all(f.body == big for f in frames)
+
+
+def test_malformed_frames_raise_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        FrameReader().feed(HEADER.pack(4, 1, Kind.INVOKE, 100))
+    with pytest.raises(ProtocolError, match="kind"):
+        FrameReader().feed(HEADER.pack(12, 1, 99, 0))
+
+
+def test_trace_headers_travel_in_the_meta() -> None:
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    (frame,) = FrameReader().feed(_bytes(encode_frame(1, Kind.INFER, {"t": trace}, b"x")))
+    assert frame.meta["t"] == trace
+
+
+def test_arrays_round_trip_without_copying() -> None:
+    arrays = {
+        "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "i64": np.array([-1, 2**40], dtype=np.int64),
+        "f16": np.ones((2, 0, 3), dtype=np.float16),
+        "bool": np.array([True, False]),
+        "strided": np.arange(20, dtype=np.int32)[::2],
+        "text": np.array([b"hello", b"", b"\x00\xff"], dtype=object),
+    }
+    body = encode_arrays(arrays)
+    out = decode_arrays(body)
+    assert list(out) == list(arrays)
+    for name, value in arrays.items():
+        assert out[name].shape == value.shape
+        if name != "text":
+            assert out[name].dtype == value.dtype
+        np.testing.assert_array_equal(out[name], value)
+    assert not out["f32"].flags.writeable
+    base = out["f32"]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert base is body
+
+
+def test_truncated_array_body_is_a_protocol_error() -> None:
+    body = encode_arrays({"x": np.zeros(100, dtype=np.float64)})
+    with pytest.raises(ProtocolError, match="past the end"):
+        decode_arrays(body[:-8])
+    with pytest.raises(ProtocolError):
+        decode_arrays(b"\x00\x00\x00\x05{oops")
