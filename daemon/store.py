@@ -31,6 +31,7 @@ from trims.errors import (
     CorruptModel,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unavailable,
     ValidationError,
 )
@@ -43,6 +44,8 @@ _tracer = tracer(__name__)
 
 Progress = Callable[[str, int, int | None], None]
 MEMORY_TIERS = ("cpu", "gpu")
+#: Loads tried for one acquire when concurrent loads keep evicting the fresh copy.
+_LOAD_ATTEMPTS = 3
 TIERS = ("gpu", "cpu", "disk")
 
 
@@ -297,10 +300,26 @@ class Store:
             )
             self._update_gauges()
 
-    async def _ensure_resident(self, tier: str, record: ModelRecord) -> None:
+    async def _ensure_resident(self, tier: str, record: ModelRecord) -> Resident:
+        """The resident copy, loaded if needed. On return no await has happened since it was
+        seen resident, so the caller can lease it before anything else can evict it."""
         ledger = self.ledgers[tier]
-        if record.digest in ledger.residents:
-            return
+        for _ in range(_LOAD_ATTEMPTS):
+            resident = ledger.residents.get(record.digest)
+            if resident is not None:
+                return resident
+            await self._load_into(tier, record)
+        raise ResourceExhausted(
+            f"model {record.key} was evicted from the {tier} tier by other loads "
+            f"{_LOAD_ATTEMPTS} times before it could be leased; the tier is too small for the "
+            "working set: raise its budget",
+            tier=tier,
+            budget=ledger.budget,
+            needed=record.total_bytes,
+        )
+
+    async def _load_into(self, tier: str, record: ModelRecord) -> None:
+        ledger = self.ledgers[tier]
         if tier not in self.tiers:
             raise Unavailable(
                 "no CUDA device is available to this daemon, so the gpu tier is off; acquire "
@@ -386,15 +405,18 @@ class Store:
             await self._ensure_disk(record)
             if tier == "disk":
                 await self._verify_disk(record)
-                fd = os.open(self.disk.path(record.digest), os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    fd = os.open(self.disk.path(record.digest), os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError as e:
+                    raise NotFound(f"model {record.key} was removed while it was acquired") from e
                 handle: dict[str, Any] = {"kind": "file", "size": record.total_bytes}
                 fds: tuple[int, ...] = (fd,)
                 close = True
             else:
                 if tier == "gpu":
                     self._check_device(device)
-                await self._ensure_resident(tier, record)
-                self.ledgers[tier].residents[record.digest].touch()
+                resident = await self._ensure_resident(tier, record)
+                resident.touch()
                 export = self.tiers[tier].export(record.digest)
                 handle = export.handle
                 fds, close = ((export.fd,) if export.fd is not None else ()), False
