@@ -34,7 +34,8 @@ def upper(request: Request, ctx: Context) -> Any:
 
 
 def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:
-    """y = x @ w + b with the weights from the store (model 'lin')."""
-    weights = ctx.models["lin"]
-    w, b = weights["w"], weights["b"]
-    return {"y": (inputs["x"] @ w + b).astype(np.float32)}
+    """A linear layer over the config's weights: y = x @ w + b, and the row sums as INT64."""
+    w = np.asarray(ctx.config["w"], dtype=np.float32)
+    b = np.asarray(ctx.config["b"], dtype=np.float32)
+    y = inputs["x"] @ w + b
+    return {"y": y.astype(np.float32), "n": inputs["x"].sum(axis=1).astype(np.int64)}
