@@ -88,8 +88,9 @@ class Gateway:
         started = time.monotonic()
         await self.invocations.close(drain_timeout_s)
         left = max(0.0, drain_timeout_s - (time.monotonic() - started))
-        pools, self.pools = list(self.pools.values()), {}
+        pools = list(self.pools.values())
         await asyncio.gather(*(p.close(left) for p in pools), return_exceptions=True)
+        self.pools.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
         for name, executor in self._executors.items():
             try:
@@ -152,9 +153,10 @@ class Gateway:
         return {"spec": pool.spec.to_dict(), "status": pool.describe()}
 
     async def invoke(self, name: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        """Run one request on the function; header names reach it lower-cased."""
         self._refuse_when_draining()
         pool = self.pool(name)
-        passed = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+        passed = {k.lower(): v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
         status = "error"
         try:
 

@@ -1,0 +1,93 @@
+"""`trims gateway` as a process: SIGTERM drains, SIGKILL loses nothing that was deployed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+from trims.runtime.functions_cli import GatewayClient
+
+from tests.runtime.gateway.conftest import echo_spec, pid_alive, wait_until
+
+
+def test_sigterm_drains_in_flight_requests_then_exits(gateway_process):
+    gw = gateway_process()
+    client = GatewayClient(gw.url, None, timeout_s=60)
+    client.json("PUT", "/v1/functions/echo", echo_spec())
+    _, _, pid = client.request("POST", "/v1/functions/echo/invoke", b"pid")
+    results: list[tuple[int, bytes]] = []
+
+    def slow() -> None:
+        status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"sleep:2")
+        results.append((status, body))
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert wait_until(lambda: client.json("GET", "/v1/functions/echo")["status"]["inflight"] == 1)
+    assert gw.proc is not None
+    gw.proc.send_signal(15)
+    assert wait_until(lambda: client.request("GET", "/readyz")[0] == 503, 10)
+    status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"late")
+    assert status == 503 and b"shutting down" in body
+    thread.join(30)
+    assert results == [(200, b"slept")]
+    assert gw.terminate() == 0
+    assert wait_until(lambda: not pid_alive(int(pid)), 10)
+    assert "secret" not in gw.text()
+
+
+def test_kill_9_then_restart_restores_deployed_functions(gateway_process, tmp_path):
+    state = tmp_path / "state"
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-secret-xyz admin\n")
+    gw = gateway_process("--state-dir", str(state), "--tokens-file", str(tokens))
+    client = GatewayClient(gw.url, "admin-secret-xyz")
+    client.json("PUT", "/v1/functions/echo", echo_spec())
+    client.json(
+        "POST", "/v1/pipelines", {"name": "p", "steps": [{"name": "a", "function": "echo"}]}
+    )
+    _, _, pid = client.request("POST", "/v1/functions/echo/invoke", b"pid")
+    gw.kill()
+    assert wait_until(lambda: not pid_alive(int(pid)), 15), "workers must die with the gateway"
+
+    gw = gateway_process("--state-dir", str(state), "--tokens-file", str(tokens))
+    client = GatewayClient(gw.url, "admin-secret-xyz")
+    assert [f["spec"]["name"] for f in client.json("GET", "/v1/functions")["functions"]] == ["echo"]
+    assert client.request("POST", "/v1/pipelines/p/invoke", b"back")[::2] == (200, b"back")
+    client.json("PUT", "/v1/functions/echo", echo_spec(concurrency=2))
+    status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"again")
+    assert (status, body) == (200, b"again")
+    assert "admin-secret-xyz" not in gw.text()
+    assert gw.terminate() == 0
+
+
+def test_functions_cli_deploys_lists_invokes_and_removes(gateway_process, tmp_path):
+    gw = gateway_process()
+    spec_file = tmp_path / "echo.json"
+    spec_file.write_text(json.dumps(echo_spec()))
+
+    def cli(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "trims", "functions", "--url", gw.url, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "deployed" in cli("deploy", str(spec_file))
+    assert cli("invoke", "echo", "--data", "hi there") == "hi there\n"
+    assert "echo" in cli("ls")
+    assert json.loads(cli("get", "echo"))["spec"]["name"] == "echo"
+    assert "deleted" in cli("rm", "echo")
+    out = subprocess.run(
+        [sys.executable, "-m", "trims", "functions", "--url", gw.url, "invoke", "echo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "no function named 'echo'" in out.stderr
+    assert gw.terminate() == 0
