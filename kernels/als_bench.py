@@ -183,7 +183,9 @@ def _peer(s: AlsSettings, c: Any, train: Ratings, test: Ratings) -> tuple[float,
 
 
 def run(settings: AlsSettings) -> dict[str, Any]:
-    """The study; the returned dict is the CLI's JSON contract (plus settings and extras).
+    """The study. The result is the CLI's JSON contract: ``{"explicit": {"rmse", "s_per_iter",
+    ...}, "implicit": {"precision_at_10", "s_per_iter", "peer_precision_at_10",
+    "peer_s_per_iter", ...}}`` (``...``: NDCG, factors, iterations, dataset, settings).
 
     BLAS runs single-threaded during the study (``implicit`` asks for that, and its own loops
     are multi-threaded): many small GEMMs lose more to thread hand-offs than they gain.
@@ -194,13 +196,12 @@ def run(settings: AlsSettings) -> dict[str, Any]:
     with _single_threaded_blas():
         explicit = run_explicit(settings, train, test, be)
         implicit = run_implicit(settings, train, test, be)
+    where = {"dataset": data.name, "backend": settings.backend}
     return {
-        "dataset": data.name,
-        "backend": settings.backend,
-        "explicit": asdict(explicit),
-        "implicit": asdict(implicit),
-        "settings": asdict(settings),
-    }
+        "explicit": {**asdict(explicit), **where, "regularization": settings.explicit_lambda},
+        "implicit": {**asdict(implicit), **where, "regularization": settings.implicit_lambda,
+                     "alpha": settings.implicit_alpha, "cg_steps": settings.cg_steps},
+    }  # fmt: skip
 
 
 def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:
