@@ -133,15 +133,8 @@ class Catalog:
         validate_version(record.version)
         validate_digest(record.digest)
         with self._transaction() as db:
-            exists = db.execute(
-                "SELECT digest FROM models WHERE name = ? AND version = ?",
-                (record.name, record.version),
-            ).fetchone()
-            if exists and not replace:
-                raise AlreadyExists(
-                    f"model {record.key} is already in the store (digest {exists[0][:12]}); "
-                    "add it under another version or remove it first"
-                )
+            if not replace:
+                self.check_free(record.name, record.version)
             db.execute(
                 f"INSERT OR REPLACE INTO models ({self._COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -157,6 +150,17 @@ class Catalog:
                     json.dumps(record.access.to_dict()),
                     json.dumps(sorted(record.pins)),
                 ),
+            )
+
+    def check_free(self, name: str, version: str) -> None:
+        """AlreadyExists when name+version is taken."""
+        row = self._db.execute(
+            "SELECT digest FROM models WHERE name = ? AND version = ?", (name, version)
+        ).fetchone()
+        if row is not None:
+            raise AlreadyExists(
+                f"model {name}:{version} is already in the store (digest {row[0][:12]}); "
+                "add it under another version or remove it first"
             )
 
     def get(self, name: str, version: str | None = None) -> ModelRecord:

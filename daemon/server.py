@@ -26,7 +26,7 @@ from typing import Any
 
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.ops import dispatch
-from trims.daemon.store import Caller, Progress, Store
+from trims.daemon.store import Caller, Progress, Reply, Store
 
 from trims.config import DaemonSettings
 from trims.errors import ProtocolError, QueueFull, TrimsError, Unavailable, ValidationError
@@ -131,48 +131,56 @@ class Connection:
 
     async def _handle(self, message: dict[str, Any]) -> None:
         rid = message.get("id")
-        fds: Sequence[int] = ()
-        close_fds = False
+        reply: Reply | None = None
+        try:
+            reply = await self._answer(message, rid)
+            frame: dict[str, Any] = {"id": rid, "ok": True, "result": reply.result}
+            fds: Sequence[int] = reply.fds
+        except TrimsError as e:
+            self.server.metrics.errors.labels(e.code).inc()
+            valid_id = isinstance(rid, int) and not isinstance(rid, bool)
+            frame, fds = {"id": rid if valid_id else None, "ok": False, "error": e.to_dict()}, ()
+        try:
+            await self.send(frame, fds)
+        except (ConnectionError, OSError) as e:
+            log.info(
+                "reply to pid %d not delivered (%s); its connection is closing",
+                self.caller.peer.pid,
+                e,
+            )
+        finally:
+            if reply is not None and reply.close_fds:
+                for fd in reply.fds:
+                    os.close(fd)
+            self._slots.release()
+
+    async def _answer(self, message: dict[str, Any], rid: object) -> Reply:
+        """Dispatch one request; any failure comes out as a TrimsError."""
         pending: list[asyncio.Task[None]] = []
         try:
             if not isinstance(rid, int) or isinstance(rid, bool):
                 raise ValidationError("request 'id' must be an integer")
-            progress = (
-                self._progress(rid, pending) if message.get("op") in ("add", "load") else None
-            )
-            reply = await dispatch(
-                self.server.store,
-                self.caller,
-                message.get("op"),
-                message.get("args", {}),
-                progress,
-                self.server.settings.admin_socket_path.name,
-            )
-            fds, close_fds = reply.fds, reply.close_fds
-            await asyncio.gather(*pending)
-            await self.send({"id": rid, "ok": True, "result": reply.result}, fds)
-        except asyncio.CancelledError:
+            op = message.get("op")
+            progress = self._progress(rid, pending) if op in ("add", "load") else None
+            try:
+                return await dispatch(
+                    self.server.store,
+                    self.caller,
+                    op,
+                    message.get("args", {}),
+                    progress,
+                    self.server.settings.admin_socket_path.name,
+                )
+            finally:
+                # progress frames go out before the final reply
+                await asyncio.gather(*pending)
+        except (asyncio.CancelledError, TrimsError):
             raise
-        except TrimsError as e:
-            self.server.metrics.errors.labels(e.code).inc()
-            await self._send_error(rid, e)
         except Exception as e:
             log.exception("request %r of pid %d failed", message.get("op"), self.caller.peer.pid)
-            error = TrimsError(f"internal error in {message.get('op')!r}: {e}; see the daemon log")
-            self.server.metrics.errors.labels(error.code).inc()
-            await self._send_error(rid, error)
-        finally:
-            if close_fds:
-                for fd in fds:
-                    os.close(fd)
-            self._slots.release()
-
-    async def _send_error(self, rid: object, error: TrimsError) -> None:
-        rid = rid if isinstance(rid, int) and not isinstance(rid, bool) else None
-        try:
-            await self.send({"id": rid, "ok": False, "error": error.to_dict()})
-        except (ConnectionError, OSError):
-            pass
+            raise TrimsError(
+                f"internal error in {message.get('op')!r}: {e}; see the daemon log"
+            ) from e
 
     def _progress(self, rid: int, pending: list[asyncio.Task[None]]) -> Progress:
         """A thread-safe progress callback that sends throttled progress frames."""

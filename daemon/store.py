@@ -28,6 +28,7 @@ from trims.daemon.tiers.memory import MemoryTier
 from trims import __version__
 from trims.config import DaemonSettings, format_size
 from trims.errors import (
+    AlreadyExists,
     CorruptModel,
     NotFound,
     PermissionDenied,
@@ -92,6 +93,11 @@ class Store:
         self.ledgers = {
             t: TierLedger(t, budgets[t], policies.get(t, settings.eviction)) for t in MEMORY_TIERS
         }
+        #: The disk tier's usage figures; blobs of models with a remote source are evictable
+        #: (they can be fetched again), others are the only copy and stay.
+        self.disk_ledger = TierLedger(
+            "disk", settings.budgets.disk, policies.get("disk", settings.eviction)
+        )
         self.leases = LeaseTable()
         self.connections = 0
         self.loads: dict[str, int] = {t: 0 for t in TIERS}
@@ -120,12 +126,11 @@ class Store:
                 continue
             try:
                 m = self.disk.manifest(digest)
-            except (CorruptModel, ValidationError) as e:
-                log.warning(
-                    "disk blob %s has no readable manifest (%s); left unregistered", digest[:12], e
-                )
+                self.catalog.check_free(m.name, m.version)
+            except (CorruptModel, ValidationError, AlreadyExists) as e:
+                log.warning("disk blob %s left unregistered: %s", digest[:12], e)
                 continue
-            self.catalog.add(self._record_from_manifest(m, source=""), replace=True)
+            self.catalog.add(self._record_from_manifest(m, source=""))
             log.info("model %s:%s registered from the disk tier", m.name, m.version)
         missing = [r.key for r in self.catalog.all() if not self.disk.contains(r.digest)]
         if missing:
@@ -134,6 +139,7 @@ class Store:
                 "acquired",
                 ", ".join(missing),
             )
+        self._sync_disk_ledger()
         self._update_gauges()
 
     def close(self) -> None:
@@ -246,7 +252,9 @@ class Store:
                     f"model {record.key} has no disk copy and no known source; add it again"
                 )
             log.info("model %s has no disk copy; fetching it again from its source", record.key)
-            manifest = await asyncio.to_thread(self._ingest, record.source, record, None)
+            manifest = await self._ingest_with_room(
+                record.source, record.name, record.version, record.format or None, None, None
+            )
             if manifest.digest != record.digest:
                 raise CorruptModel(
                     f"the source of {record.key} changed: it now has digest "
@@ -258,21 +266,83 @@ class Store:
 
         await self._single_flight(("disk", record.digest), fetch)
 
-    def _ingest(self, source: str, record: ModelRecord, progress: Progress | None) -> Manifest:
+    async def _ingest_with_room(
+        self,
+        source: str,
+        name: str,
+        version: str,
+        fmt: str | None,
+        sha256: str | None,
+        progress: Progress | None,
+    ) -> Manifest:
+        """Ingest into the disk tier; when it does not fit, evict by policy and try once more."""
         from trims.daemon.ingest import ingest
 
-        manifest: Manifest = ingest(
-            source,
-            name=record.name,
-            version=record.version,
-            fmt=record.format or None,
-            expected_sha256=None,
-            disk=self.disk,
-            s3_endpoint=self.settings.s3_endpoint,
-            progress=progress,
-            max_bytes=self.disk_budget,
+        for attempt in range(2):
+            try:
+                manifest: Manifest = await asyncio.to_thread(
+                    ingest,
+                    source,
+                    name=name,
+                    version=version,
+                    fmt=fmt,
+                    expected_sha256=sha256,
+                    disk=self.disk,
+                    s3_endpoint=self.settings.s3_endpoint,
+                    progress=progress,
+                    max_bytes=self.disk_budget,
+                )
+            except ResourceExhausted as e:
+                needed = e.details.get("needed")
+                if attempt or not isinstance(needed, int):
+                    raise
+                self._sync_disk_ledger()
+                for victim in self.disk_ledger.plan(needed, self._disk_evictable):
+                    self._evict_disk(victim.digest, f"needed {format_size(needed)} for {name}")
+                continue
+            self._sync_disk_ledger()
+            return manifest
+        raise AssertionError("unreachable")
+
+    def _sync_disk_ledger(self) -> None:
+        """Match the disk ledger to the blobs on disk, keeping the usage figures it has."""
+        on_disk = set(self.disk.digests())
+        residents = self.disk_ledger.residents
+        for digest in set(residents) - on_disk:
+            del residents[digest]
+        for digest in on_disk - set(residents):
+            self.disk_ledger.add(digest, self.disk.path(digest).stat().st_size)
+
+    def _disk_evictable(self, r: Resident) -> bool:
+        from trims.daemon.tiers.cloud import is_remote
+
+        records = self.catalog.by_digest(r.digest)
+        return (
+            bool(records)
+            and all(is_remote(rec.source) for rec in records)
+            and self.leases.count("disk", r.digest) == 0
+            and not self.catalog.pinned_in(r.digest, "disk")
+            and not any(key[1] == r.digest for key in self._loading)
         )
-        return manifest
+
+    def _evict_disk(self, digest: str, reason: str) -> None:
+        with _tracer.start_as_current_span("evict") as span:
+            span.set_attribute("trims.tier", "disk")
+            span.set_attribute("trims.digest", digest)
+            size = self.disk.path(digest).stat().st_size
+            self.disk.remove(digest)
+            self._verified.discard(digest)
+            self._sync_disk_ledger()
+            self.evictions["disk"] += 1
+            self.metrics.evictions.labels("disk").inc()
+            names = ", ".join(r.key for r in self.catalog.by_digest(digest)) or "?"
+            log.info(
+                "model %s evicted from disk tier (%s; %s freed; fetched again on use)",
+                names,
+                reason,
+                format_size(size),
+            )
+            self._update_gauges()
 
     def _evictable(self, tier: str) -> Callable[[Resident], bool]:
         def ok(r: Resident) -> bool:
@@ -403,6 +473,9 @@ class Store:
                     f"{record.key}; ask the store's owner to add you to its access list"
                 )
             await self._ensure_disk(record)
+            disk_copy = self.disk_ledger.residents.get(record.digest)
+            if disk_copy is not None:
+                disk_copy.touch()
             if tier == "disk":
                 await self._verify_disk(record)
                 try:
@@ -494,6 +567,7 @@ class Store:
             "budget": self.disk_budget,
             "used": self.disk.used_bytes(),
             "models": len(self.disk.digests()),
+            "policy": self.disk_ledger.policy,
             "loads": self.loads["disk"],
             "evictions": self.evictions["disk"],
             "available": True,
@@ -534,10 +608,7 @@ class Store:
                 )
             if t == "disk":
                 if self.disk.contains(record.digest):
-                    self.disk.remove(record.digest)
-                    self._verified.discard(record.digest)
-                    self.evictions["disk"] += 1
-                    self.metrics.evictions.labels("disk").inc()
+                    self._evict_disk(record.digest, "evicted on request")
                     evicted.append(t)
                 continue
             resident = self.ledgers[t].residents.get(record.digest)
@@ -574,26 +645,8 @@ class Store:
         access: AccessList,
         progress: Progress | None,
     ) -> Reply:
-        try:
-            existing = self.catalog.get(name, version)
-        except NotFound:
-            existing = None
-        if existing is not None:
-            self.catalog.add(existing)  # raises AlreadyExists with the right message
-        from trims.daemon.ingest import ingest
-
-        manifest = await asyncio.to_thread(
-            ingest,
-            source,
-            name=name,
-            version=version,
-            fmt=fmt,
-            expected_sha256=sha256,
-            disk=self.disk,
-            s3_endpoint=self.settings.s3_endpoint,
-            progress=progress,
-            max_bytes=self.disk_budget,
-        )
+        self.catalog.check_free(name, version)
+        manifest = await self._ingest_with_room(source, name, version, fmt, sha256, progress)
         record = self._record_from_manifest(manifest, source=source, access=access)
         record = dataclasses.replace(record, name=name, version=version)
         self.catalog.add(record)
@@ -630,6 +683,7 @@ class Store:
                     self._evict(t, resident, f"model {r.key} was removed")
             if self.disk.contains(r.digest):
                 self.disk.remove(r.digest)
+                self._sync_disk_ledger()
             self._manifests.pop(r.digest, None)
             self._verified.discard(r.digest)
             log.info("model %s removed from the store", r.key)
