@@ -1,0 +1,226 @@
+"""Composable benchmarks (DLBricks): cut models into bricks, benchmark each unique brick once.
+
+A *cut point* is a position in topological order where exactly one activation tensor crosses
+from the layers before to the layers after, so the model is a chain of single-input,
+single-output *segments*. A brick of granularity G is a run of consecutive segments holding at
+most G layers (a segment longer than G is a brick by itself), and a segment that starts with a
+Conv/Gemm starts a new brick when the current one already has one. Bricks with the same
+:func:`~trims.evaluation.submodel.group_signature` (same ops, shapes and wiring) are benchmarked
+once across the whole model set. A model's latency is reconstructed as the sum of its bricks'
+latencies less the fixed per-run overhead each brick run paid and the whole model pays once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trims.evaluation import submodel
+
+if TYPE_CHECKING:
+    import onnx
+    from trims.evaluation.generator import Bencher, Benchmark
+    from trims.evaluation.ir import ModelIR
+
+
+#: a brick holds at most one run of these: a new one starts a new brick, so repeated
+#: conv/FC stages (VGG's conv3_2..conv3_4) line up and deduplicate
+_HEAVY = frozenset({"Conv", "Gemm", "MatMul"})
+
+
+@dataclass(frozen=True)
+class Brick:
+    """Consecutive layers of one model between two cut points."""
+
+    model: str
+    indices: tuple[int, ...]
+    signature: str
+
+
+def cut_points(ir: ModelIR) -> list[int]:
+    """Layer indices k such that exactly one activation is live between layer k and k + 1."""
+    n = len(ir.layers)
+    producer: dict[str, int] = {}
+    last_use: dict[str, int] = {}
+    for value in ir.model.graph.input:
+        producer[value.name] = -1
+    for layer in ir.layers:
+        for tensor in layer.inputs:
+            last_use[tensor] = layer.index
+        for tensor in layer.outputs:
+            producer[tensor] = layer.index
+    for value in ir.model.graph.output:
+        last_use[value.name] = n
+    live = [0] * (n + 1)
+    for tensor, end in last_use.items():
+        start = producer.get(tensor)
+        if start is None:
+            continue
+        for k in range(max(start, 0), min(end, n)):
+            live[k] += 1
+    return [k for k in range(n - 1) if live[k] == 1]
+
+
+def segments(ir: ModelIR) -> list[list[int]]:
+    """The model as a chain of segments between consecutive cut points."""
+    out: list[list[int]] = []
+    start = 0
+    for k in cut_points(ir):
+        out.append(list(range(start, k + 1)))
+        start = k + 1
+    out.append(list(range(start, len(ir.layers))))
+    return [s for s in out if s]
+
+
+def decompose(ir: ModelIR, granularity: int) -> list[Brick]:
+    """Group consecutive segments into bricks of at most ``granularity`` layers."""
+    if granularity < 1:
+        raise ValueError(f"brick granularity must be >= 1, got {granularity}")
+    bricks: list[Brick] = []
+    current: list[int] = []
+    for seg in segments(ir):
+        full = len(current) + len(seg) > granularity
+        if current and (full or (_heavy(ir, current) and ir.layers[seg[0]].op_type in _HEAVY)):
+            bricks.append(_brick(ir, current))
+            current = []
+        current = current + seg
+    if current:
+        bricks.append(_brick(ir, current))
+    return bricks
+
+
+def _heavy(ir: ModelIR, indices: list[int]) -> bool:
+    return any(ir.layers[i].op_type in _HEAVY for i in indices)
+
+
+def _brick(ir: ModelIR, indices: list[int]) -> Brick:
+    return Brick(ir.name, tuple(indices), submodel.group_signature(ir, indices))
+
+
+def export(ir: ModelIR, brick: Brick) -> onnx.ModelProto:
+    """The brick as a runnable ONNX model (its one input and one output are graph I/O)."""
+    return submodel.extract(ir, list(brick.indices), f"{ir.name}_brick_{brick.indices[0]}")
+
+
+def unique_bricks(per_model: dict[str, list[Brick]]) -> dict[str, Brick]:
+    """Signature -> first brick with it, over all models."""
+    out: dict[str, Brick] = {}
+    for bricks in per_model.values():
+        for brick in bricks:
+            out.setdefault(brick.signature, brick)
+    return out
+
+
+def reconstruct(bricks: list[Brick], times_ms: dict[str, float], overhead_ms: float) -> float:
+    """Estimated model latency: brick times less their per-run overhead, plus one overhead."""
+    return sum(max(times_ms[b.signature] - overhead_ms, 0.0) for b in bricks) + overhead_ms
+
+
+def compose(ir: ModelIR, bricks: list[Brick]) -> onnx.ModelProto:
+    """Reassemble exported bricks into one model by wiring each brick's output to the next."""
+    from onnx import helper
+
+    nodes: list[onnx.NodeProto] = []
+    inits: dict[str, onnx.TensorProto] = {}
+    for brick in bricks:
+        part = export(ir, brick)
+        nodes.extend(part.graph.node)
+        for t in part.graph.initializer:
+            inits.setdefault(t.name, t)
+    graph = helper.make_graph(
+        nodes,
+        f"{ir.name}_composed",
+        list(export(ir, bricks[0]).graph.input),
+        list(ir.model.graph.output),
+        initializer=list(inits.values()),
+    )
+    out = helper.make_model(graph, opset_imports=list(ir.model.opset_import))
+    out.ir_version = ir.model.ir_version
+    return out
+
+
+@dataclass
+class BrickEstimate:
+    """One model's measured latency against its brick reconstruction."""
+
+    name: str
+    measured_ms: float
+    estimated_ms: float
+    bricks: int
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
+
+
+@dataclass
+class BrickStudy:
+    """Bricks at one granularity over a model set."""
+
+    granularity: int
+    models: list[BrickEstimate]
+    unique_bricks: int
+    total_bricks: int
+    time_whole_s: float
+    time_bricks_s: float
+
+
+def study(
+    irs: list[ModelIR],
+    bencher: Bencher,
+    granularities: list[int],
+    progress: Callable[[list[Benchmark], str], Iterable[Benchmark]],
+) -> list[BrickStudy]:
+    """Measure every model whole and every unique brick once per granularity; compare."""
+    from trims.evaluation import generator
+
+    overhead = bencher.overhead_ms()
+    measured: dict[str, float] = {}
+    time_whole = 0.0
+    wholes = [generator.model_benchmark(ir) for ir in irs]
+    for bench in progress(wholes, "whole models"):
+        m = bencher.run(bench).measurement
+        measured[bench.label] = m.trimmed_mean_ms
+        time_whole += m.elapsed_s
+    by_name = {ir.name: ir for ir in irs}
+    out: list[BrickStudy] = []
+    for g in granularities:
+        per_model = {ir.name: decompose(ir, g) for ir in irs}
+        unique = unique_bricks(per_model)
+        benches = [
+            generator.Benchmark(
+                "brick", sig, f"{b.model}/brick@{b.indices[0]}", _exporter(by_name[b.model], b)
+            )
+            for sig, b in unique.items()
+        ]
+        times: dict[str, float] = {}
+        spent = 0.0
+        for bench in progress(benches, f"bricks G={g}"):
+            m = bencher.run(bench).measurement
+            times[bench.signature] = m.trimmed_mean_ms
+            spent += m.elapsed_s
+        models = [
+            BrickEstimate(
+                ir.name,
+                measured[ir.name],
+                reconstruct(per_model[ir.name], times, overhead),
+                len(per_model[ir.name]),
+            )
+            for ir in irs
+        ]
+        out.append(
+            BrickStudy(
+                granularity=g,
+                models=models,
+                unique_bricks=len(unique),
+                total_bricks=sum(len(b) for b in per_model.values()),
+                time_whole_s=time_whole,
+                time_bricks_s=spent,
+            )
+        )
+    return out
+
+
+def _exporter(ir: ModelIR, brick: Brick) -> Callable[[], onnx.ModelProto]:
+    return lambda: export(ir, brick)

@@ -1,0 +1,198 @@
+"""Benchmark generator: unique layer configurations -> runnable micro-benchmarks, and a bencher.
+
+A micro-benchmark is a one-node ONNX model cut from the prepared model (same attributes, shapes
+and weights). The :class:`Bencher` runs benchmarks in one framework + variant, stores results in
+the :class:`~trims.evaluation.db.ResultsDB` and skips what is already measured unless forced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trims.evaluation import ort_backend, submodel
+from trims.evaluation.db import ResultKey, ResultsDB, system_id
+from trims.evaluation.measure import Measurement, MeasureSettings, measure
+
+from trims.errors import ValidationError
+
+if TYPE_CHECKING:
+    import onnx
+    from trims.evaluation.ir import ModelIR
+
+log = logging.getLogger(__name__)
+
+FRAMEWORKS = ("onnxruntime", "pytorch")
+
+#: the "fused vs unfused" pattern: a Conv followed by these single-consumer ops
+_FUSIBLE = ("BatchNormalization", "Mul", "Add", "Relu")
+
+
+@dataclass
+class Benchmark:
+    """One runnable benchmark: a layer, a brick, a fusion chain or a whole model."""
+
+    kind: str
+    signature: str
+    label: str
+    build: Callable[[], onnx.ModelProto]
+
+
+def layer_benchmarks(irs: Iterable[ModelIR]) -> list[Benchmark]:
+    """One benchmark per unique layer configuration across ``irs`` (first occurrence wins)."""
+    seen: dict[str, Benchmark] = {}
+    for ir in irs:
+        for layer in ir.layers:
+            if layer.signature in seen:
+                continue
+            seen[layer.signature] = Benchmark(
+                kind="layer",
+                signature=layer.signature,
+                label=f"{ir.name}/{layer.name} {layer.op_type}",
+                build=_extractor(ir, [layer.index], f"{ir.name}_{layer.index}"),
+            )
+    return list(seen.values())
+
+
+def _extractor(ir: ModelIR, indices: list[int], name: str) -> Callable[[], onnx.ModelProto]:
+    return lambda: submodel.extract(ir, indices, name)
+
+
+def fusion_chains(ir: ModelIR) -> list[list[int]]:
+    """Conv layers followed by a chain of single-consumer BN/scale/ReLU layers (>= 2 layers)."""
+    chains: list[list[int]] = []
+    for layer in ir.layers:
+        if layer.op_type != "Conv":
+            continue
+        chain = [layer.index]
+        current = layer.index
+        while len(ir.succs[current]) == 1:
+            nxt = ir.succs[current][0]
+            if ir.layers[nxt].op_type not in _FUSIBLE or len(ir.preds[nxt]) != 1:
+                break
+            chain.append(nxt)
+            current = nxt
+        if len(chain) >= 2:
+            chains.append(chain)
+    return chains
+
+
+def chain_benchmarks(irs: Iterable[ModelIR]) -> list[tuple[Benchmark, list[str]]]:
+    """Unique fusion chains as benchmarks, with the layer signatures each chain is made of."""
+    seen: dict[str, tuple[Benchmark, list[str]]] = {}
+    for ir in irs:
+        for chain in fusion_chains(ir):
+            sig = submodel.group_signature(ir, chain)
+            if sig in seen:
+                continue
+            ops = "+".join(ir.layers[i].op_type for i in chain)
+            bench = Benchmark(
+                kind="chain",
+                signature=sig,
+                label=f"{ir.name}/{ir.layers[chain[0]].name} {ops}",
+                build=_extractor(ir, chain, f"{ir.name}_chain_{chain[0]}"),
+            )
+            seen[sig] = (bench, [ir.layers[i].signature for i in chain])
+    return list(seen.values())
+
+
+@dataclass
+class BenchResult:
+    """A measurement and whether it was taken now (False: read from the database)."""
+
+    measurement: Measurement
+    fresh: bool
+
+
+class Bencher:
+    """Run benchmarks for one framework and variant, through the results database."""
+
+    def __init__(
+        self,
+        db: ResultsDB,
+        framework: str,
+        variant: str,
+        batch: int,
+        settings: MeasureSettings,
+        force: bool = False,
+    ) -> None:
+        if framework not in FRAMEWORKS:
+            raise ValidationError(f"unknown framework {framework!r}; choose from {FRAMEWORKS}")
+        self.db = db
+        self.framework = framework
+        self.variant = variant
+        self.batch = batch
+        self.settings = settings
+        self.force = force
+        self.system = system_id()
+        if framework == "onnxruntime":
+            self._ort_variant = ort_backend.OrtVariant.parse(variant)
+            self.version = ort_backend.framework_version()
+        else:
+            from trims.evaluation import torch_backend
+
+            self._threads = int(
+                dict(p.split("=", 1) for p in variant.split(",") if "=" in p).get("threads", "1")
+            )
+            self.version = torch_backend.framework_version()
+
+    def key(self, kind: str, signature: str) -> ResultKey:
+        return ResultKey(
+            system=self.system,
+            framework=self.framework,
+            framework_version=self.version,
+            kind=kind,
+            signature=signature,
+            batch=self.batch,
+            variant=self.variant,
+        )
+
+    def _runner(self, model: onnx.ModelProto, name: str) -> Callable[[], object]:
+        if self.framework == "onnxruntime":
+            return ort_backend.runner(model, self._ort_variant, name)
+        from trims.evaluation import torch_backend
+
+        return torch_backend.runner(model, self._threads, name)
+
+    def run(self, bench: Benchmark) -> BenchResult:
+        """Measure ``bench``, or reuse the stored result unless forced.
+
+        ``elapsed_s`` is the benchmarking cost on the measurement clock: building the model,
+        creating the session, warm-up and the timed runs.
+        """
+        key = self.key(bench.kind, bench.signature)
+        if not self.force:
+            cached = self.db.get(key)
+            if cached is not None:
+                return BenchResult(cached, fresh=False)
+        clock = self.settings.timer()
+        start = clock()
+        fn = self._runner(bench.build(), bench.label)
+        result = measure(fn, self.settings)
+        total = clock() - start
+        result = Measurement(
+            trimmed_mean_ms=result.trimmed_mean_ms,
+            median_ms=result.median_ms,
+            spread_ms=result.spread_ms,
+            min_ms=result.min_ms,
+            reps=result.reps,
+            elapsed_s=total,
+        )
+        self.db.put(key, result, bench.label)
+        log.debug("%s %s measured: %.3f ms", bench.kind, bench.label, result.trimmed_mean_ms)
+        return BenchResult(result, fresh=True)
+
+    def overhead_ms(self) -> float:
+        """Fixed cost of one run of an empty model; subtracted from layer and brick times."""
+        bench = Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
+        return self.run(bench).measurement.trimmed_mean_ms
+
+
+def model_benchmark(ir: ModelIR) -> Benchmark:
+    """The whole prepared model as a benchmark."""
+    from trims.evaluation.submodel import group_signature
+
+    sig = group_signature(ir, list(range(len(ir.layers))))
+    return Benchmark("model", sig, ir.name, lambda: ir.model)

@@ -1,0 +1,142 @@
+"""ONNX Runtime backend: turn an ONNX model into a zero-argument callable that runs it once.
+
+Inputs are bound once with IOBinding (random data of the right shape), so a timed call is the
+session run only: no input conversion and no output copy into NumPy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trims.errors import ValidationError
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class OrtVariant:
+    """One ONNX Runtime configuration (an "algorithm choice" in the Benanza sense)."""
+
+    opt_level: str = "all"
+    threads: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"opt={self.opt_level},threads={self.threads}"
+
+    @classmethod
+    def parse(cls, key: str) -> OrtVariant:
+        """Inverse of :attr:`key`, e.g. ``opt=extended,threads=2``."""
+        fields = dict(part.split("=", 1) for part in key.split(",") if "=" in part)
+        level = fields.get("opt", "all")
+        if level not in OPT_LEVELS:
+            raise ValidationError(f"unknown ORT opt level {level!r}; choose from {OPT_LEVELS}")
+        return cls(opt_level=level, threads=int(fields.get("threads", "1")))
+
+
+def framework_version() -> str:
+    import onnxruntime as ort
+
+    return str(ort.__version__)
+
+
+def _np_dtype(elem_type: int) -> type[np.generic]:
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(elem_type).type  # type: ignore[no-any-return]
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random data for every graph input that is not an initializer."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        shape = tuple(max(d.dim_value, 1) for d in tensor.shape.dim)
+        feeds[value.name] = rng.standard_normal(shape).astype(_np_dtype(tensor.elem_type))
+    return feeds
+
+
+def session(model: onnx.ModelProto, variant: OrtVariant, name: str) -> object:
+    """An InferenceSession for ``model`` configured per ``variant``."""
+    import onnxruntime as ort
+
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = levels[variant.opt_level]
+    opts.intra_op_num_threads = variant.threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+    except Exception as e:
+        raise ValidationError(f"model {name!r} does not load in ONNX Runtime: {e}") from e
+
+
+def runner(model: onnx.ModelProto, variant: OrtVariant, name: str) -> Callable[[], object]:
+    """A callable that runs ``model`` once on bound random inputs."""
+    import onnxruntime as ort
+
+    sess = session(model, variant, name)
+    assert isinstance(sess, ort.InferenceSession)
+    binding = sess.io_binding()
+    feeds = random_inputs(model)
+    for key, value in feeds.items():
+        binding.bind_ortvalue_input(key, ort.OrtValue.ortvalue_from_numpy(value))
+    for out in sess.get_outputs():
+        binding.bind_output(out.name, "cpu")
+    binding.synchronize_inputs()
+
+    def run_once() -> object:
+        sess.run_with_iobinding(binding)
+        return None
+
+    return run_once
+
+
+def run_outputs(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: str
+) -> list[np.ndarray]:
+    """Run ``model`` once on ``feeds`` and return its outputs (for correctness checks)."""
+    import onnxruntime as ort
+
+    sess = session(model, OrtVariant("disable", 1), name)
+    assert isinstance(sess, ort.InferenceSession)
+    return [np.asarray(o) for o in sess.run(None, feeds)]
+
+
+def empty_model() -> onnx.ModelProto:
+    """A one-Identity model on a 1-element tensor: the fixed cost of a session run."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "empty",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
