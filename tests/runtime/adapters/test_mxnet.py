@@ -32,8 +32,7 @@ def _data_ptr(nd: Any) -> int:
     return int(ptr.value or 0)
 
 
-@pytest.fixture
-def exported(tmp_path: Path) -> tuple[Any, Path]:
+def export_gluon_cnn(folder: Path) -> tuple[Any, Path]:
     """A trained-looking Gluon CNN with BatchNorm, exported to symbol + params files."""
     mx.random.seed(0)
     net = mx.gluon.nn.HybridSequential()
@@ -46,9 +45,14 @@ def exported(tmp_path: Path) -> tuple[Any, Path]:
     for name, p in net.collect_params().items():
         if name.endswith(("running_mean", "running_var")):
             p.set_data(mx.nd.random.uniform(0.5, 1.5, p.shape))
-    prefix = str(tmp_path / "net")
+    prefix = str(folder / "net")
     net.export(prefix)
     return mx.sym.load(prefix + "-symbol.json"), Path(prefix + "-0000.params")
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> tuple[Any, Path]:
+    return export_gluon_cnn(tmp_path)
 
 
 def test_ndarrays_are_the_mapping(make_model: MakeModel) -> None:
