@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     settings = settings_from_args(args, os.environ)
-    setup_tracing("trims-gateway", settings.otlp_endpoint)
+    if settings.otlp_endpoint:
+        setup_tracing("trims-gateway", settings.otlp_endpoint)
     local: dict[str, Any] = {"zygote": not args.no_zygote}
     if args.preload is not None:
         local["preload"] = tuple(m for m in args.preload.split(",") if m)

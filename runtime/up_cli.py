@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     settings = gateway_cli.settings_from_args(args, os.environ)
-    setup_tracing("trims-gateway", settings.otlp_endpoint)
+    if settings.otlp_endpoint:
+        setup_tracing("trims-gateway", settings.otlp_endpoint)
     assert settings.store_socket is not None
     admin_token = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
     specs = example_specs(args.examples_dir or _default_examples_dir()) if args.examples else []
