@@ -108,7 +108,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]
     out += [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
         for r in cells
     ]
     return "\n".join(out)
