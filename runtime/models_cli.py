@@ -1,0 +1,234 @@
+"""`trims models`: add, list, inspect, load, pin, evict and remove models in the node's store.
+
+Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr)
+from the daemon's progress frames. Admin actions go over the admin socket beside the store
+socket, so they work only for the store's owner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trims.config import default_socket, format_size
+
+TIERS = ("cpu", "gpu", "disk")
+
+
+@dataclass(frozen=True)
+class CliSettings:
+    socket: Path
+    json: bool
+    timeout: float
+    progress: bool
+
+
+def _model_args(p: argparse.ArgumentParser, *, tier: str | None = None) -> None:
+    p.add_argument("name", help="model name")
+    p.add_argument("--version", help="model version (default: the latest)")
+    if tier is not None:
+        p.add_argument(
+            "--tier", choices=TIERS, default=tier or None, help=f"tier (default: {tier or 'all'})"
+        )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket", type=Path, help="store socket (default: $TRIMS_SOCKET or the runtime dir)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per reply (60)")
+    parser.add_argument("--no-progress", action="store_true", help="draw no progress bars")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    p = sub.add_parser("add", help="ingest a model file or URL (safetensors, torch, onnx, mxnet)")
+    p.add_argument("name", help="model name")
+    p.add_argument("source", help="local path, http(s):// or s3:// URL")
+    p.add_argument("--version", help="version to register (default: 1)")
+    p.add_argument("--format", dest="fmt", choices=("safetensors", "torch", "onnx", "mxnet"))
+    p.add_argument("--sha256", help="expected sha256 of the source file")
+    sub.add_parser("ls", help="list models")
+    sub.add_parser("stats", help="tier usage, budgets and live leases")
+    _model_args(sub.add_parser("info", help="one model's details and tensors"))
+    p = sub.add_parser("rm", help="remove a model (all versions unless --version)")
+    _model_args(p)
+    p.add_argument("--force", action="store_true", help="remove even while leased")
+    _model_args(sub.add_parser("load", help="prefetch a model into a tier"), tier="cpu")
+    _model_args(sub.add_parser("pin", help="keep a model resident in a tier"), tier="cpu")
+    _model_args(sub.add_parser("unpin", help="let a model be evicted again"), tier="")
+    _model_args(sub.add_parser("evict", help="drop a model from a tier now"), tier="")
+
+
+class ProgressBars:
+    """One tqdm bar per stage ("download", "convert", "verify", "load"), on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._stage: str | None = None
+        self._bar: Any = None
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if not self.enabled:
+            return
+        if stage != self._stage:
+            from tqdm import tqdm
+
+            self.close()
+            self._stage = stage
+            self._bar = tqdm(
+                total=total, desc=f"{stage:<8}", unit="B", unit_scale=True, file=sys.stderr
+            )
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _models_table(models: list[dict[str, Any]]) -> str:
+    if not models:
+        return "no models in the store; add one with `trims models add NAME SOURCE`"
+    rows = [
+        [
+            m["name"],
+            m["version"],
+            m.get("format", ""),
+            format_size(int(m.get("total_bytes", 0))),
+            ",".join(m.get("tiers", [])) or "-",
+            ",".join(m.get("pins", [])) or "-",
+            str(m.get("leases", 0)),
+            m["digest"][:12],
+        ]
+        for m in models
+    ]
+    return _table(
+        rows, ["NAME", "VERSION", "FORMAT", "SIZE", "TIERS", "PINNED", "LEASES", "DIGEST"]
+    )
+
+
+def _info_text(model: dict[str, Any]) -> str:
+    lines = [
+        f"{k + ':':<12} {v}"
+        for k, v in (
+            ("name", model["name"]),
+            ("version", model["version"]),
+            ("digest", model["digest"]),
+            ("framework", model.get("framework", "")),
+            ("format", model.get("format", "")),
+            ("size", format_size(int(model.get("total_bytes", 0)))),
+            ("tiers", ", ".join(model.get("tiers", [])) or "-"),
+            ("pinned", ", ".join(model.get("pins", [])) or "-"),
+            ("leases", model.get("leases", 0)),
+            ("source", model.get("source", "-")),
+        )
+    ]
+    tensors = (model.get("manifest") or {}).get("tensors") or []
+    if tensors:
+        lines.append(f"tensors:     {len(tensors)}")
+        rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()"] for t in tensors]
+        table = _table(rows, ["TENSOR", "DTYPE", "SHAPE"])
+        lines.extend("  " + line for line in table.splitlines())
+    return "\n".join(lines)
+
+
+def _stats_text(stats: dict[str, Any]) -> str:
+    rows = [
+        [
+            tier,
+            format_size(int(t.get("used", 0))),
+            format_size(int(t.get("budget", 0))),
+            str(t.get("models", 0)),
+            str(t.get("loads", 0)),
+            str(t.get("evictions", 0)),
+        ]
+        for tier, t in stats.get("tiers", {}).items()
+        if t.get("available", True)
+    ]
+    table = _table(rows, ["TIER", "USED", "BUDGET", "MODELS", "LOADS", "EVICTIONS"])
+    return f"{table}\nleases: {stats.get('leases', 0)}  clients: {stats.get('clients', 0)}"
+
+
+def _emit(settings: CliSettings, value: Any, text: Callable[[Any], str]) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True) if settings.json else text(value))
+
+
+def run(args: argparse.Namespace) -> int:
+    from trims.runtime.client import StoreClient
+
+    settings = CliSettings(
+        socket=args.socket or default_socket(os.environ),
+        json=args.json,
+        timeout=args.timeout,
+        progress=not args.no_progress,
+    )
+    bars = ProgressBars(settings.progress)
+    with StoreClient(settings.socket, timeout=settings.timeout, client_name="trims models") as c:
+        action = args.action
+        try:
+            if action == "add":
+                model = c.add(
+                    args.name,
+                    args.source,
+                    version=args.version,
+                    fmt=args.fmt,
+                    sha256=args.sha256,
+                    progress=bars,
+                )
+                bars.close()
+                _emit(
+                    settings, model, lambda m: f"added {m['name']}:{m['version']}\n{_info_text(m)}"
+                )
+            elif action == "ls":
+                _emit(settings, c.list(), _models_table)
+            elif action == "stats":
+                _emit(settings, c.stats(), _stats_text)
+            elif action == "info":
+                _emit(settings, c.info(args.name, args.version), _info_text)
+            elif action == "rm":
+                removed = c.remove(args.name, args.version, force=args.force)
+                _emit(
+                    settings, {"removed": removed}, lambda r: f"removed {', '.join(r['removed'])}"
+                )
+            elif action == "load":
+                model = c.load(args.name, args.version, tier=args.tier, progress=bars)
+                bars.close()
+                _emit(
+                    settings,
+                    model,
+                    lambda m: f"{m['name']}:{m['version']} in {', '.join(m['tiers'])}",
+                )
+            elif action in ("pin", "unpin"):
+                op = c.pin if action == "pin" else c.unpin
+                model = op(args.name, args.version, tier=args.tier)
+                _emit(
+                    settings,
+                    model,
+                    lambda m: (
+                        f"{m['name']}:{m['version']} pinned in: {', '.join(m['pins']) or '-'}"
+                    ),
+                )
+            elif action == "evict":
+                evicted = c.evict(args.name, args.version, tier=args.tier)
+                _emit(
+                    settings,
+                    {"evicted": evicted},
+                    lambda r: f"evicted {args.name} from: {', '.join(r['evicted']) or 'nothing'}",
+                )
+        finally:
+            bars.close()
+    return 0

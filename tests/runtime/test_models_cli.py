@@ -1,0 +1,93 @@
+"""`trims models` run as a real subprocess against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fixtures.store import DaemonProcess
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+def trims_models(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "trims", "models", "--socket", str(socket), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def ok(socket: Path, *args: str) -> str:
+    done = trims_models(socket, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    path = tmp_path / "emb.safetensors"
+    weights = {"emb": np.ones((256, 64), np.float32), "ids": np.arange(3, dtype=np.int64)}
+    safetensors_numpy.save_file(weights, str(path))
+    return path
+
+
+def test_model_lifecycle(store_daemon: DaemonProcess, source: Path) -> None:
+    sock = store_daemon.socket
+    assert "no models in the store" in ok(sock, "ls")
+
+    added = trims_models(sock, "add", "emb", str(source), "--version", "2")
+    assert added.returncode == 0, added.stderr
+    assert "added emb:2" in added.stdout
+    assert "convert" in added.stderr and "100%" in added.stderr, "no progress bar drawn"
+
+    table = ok(sock, "ls").splitlines()
+    assert table[0].split() == [
+        "NAME", "VERSION", "FORMAT", "SIZE", "TIERS", "PINNED", "LEASES", "DIGEST"
+    ]  # fmt: skip
+    assert table[1].split()[:5] == [
+        "emb",
+        "2",
+        "safetensors",
+        "68.0",
+        "KiB",
+    ]  # 64 KiB + ids, page-rounded
+
+    [model] = json.loads(ok(sock, "--json", "ls"))
+    assert model["name"] == "emb" and model["tiers"] == ["disk"]
+    info = json.loads(ok(sock, "--json", "info", "emb"))
+    assert [t["name"] for t in info["manifest"]["tensors"]] == ["emb", "ids"]
+    assert "emb" in ok(sock, "info", "emb", "--version", "2")
+
+    assert json.loads(ok(sock, "--json", "load", "emb"))["tiers"] == ["cpu", "disk"]
+    assert "pinned in: cpu" in ok(sock, "pin", "emb")
+    refused = trims_models(sock, "evict", "emb", "--tier", "cpu")
+    assert refused.returncode == 1 and "unpin it first" in refused.stderr
+    assert "pinned in: -" in ok(sock, "unpin", "emb")
+    assert json.loads(ok(sock, "--json", "evict", "emb", "--tier", "cpu")) == {"evicted": ["cpu"]}
+    assert "cpu" in ok(sock, "stats")
+
+    assert "removed emb:2" in ok(sock, "rm", "emb")
+    assert json.loads(ok(sock, "--json", "ls")) == []
+
+
+def test_bad_input_gets_a_message_and_status_1(store_daemon: DaemonProcess, tmp_path: Path) -> None:
+    done = trims_models(store_daemon.socket, "add", "emb", str(tmp_path / "missing.safetensors"))
+    assert done.returncode == 1 and "missing.safetensors" in done.stderr
+    done = trims_models(store_daemon.socket, "info", "nothing")
+    assert done.returncode == 1 and "not in the store" in done.stderr
+
+
+def test_no_daemon_says_how_to_start_one(tmp_path: Path) -> None:
+    done = trims_models(tmp_path / "none.sock", "ls")
+    assert done.returncode == 1
+    assert "none.sock" in done.stderr and "trims daemon" in done.stderr
