@@ -1,0 +1,467 @@
+"""The docker executor: each function instance is a container running ``trims worker``.
+
+What a container gets (host side -> container side)::
+
+    <store socket>                 -> /run/trims/store.sock   (bind mount of the socket file)
+    <state_dir>/<instance>/        -> /run/trims/w/           (the worker listens on <id>.sock)
+    <spec.code_dir>                -> /srv/function           (read-only; the spec is rewritten)
+
+Weights arrive over the store socket as file descriptors (SCM_RIGHTS works across the mount),
+so the container needs neither the host IPC namespace nor /dev/shm. Only the store socket is
+mounted, never its directory: the admin socket beside it stays out of reach, so function code
+can acquire and release models but never administer the store.
+
+Each container runs as a non-root user with every capability dropped, ``no-new-privileges``, a
+read-only root filesystem (tmpfs /tmp), CPU and memory limits from the spec, the configured
+network mode (``none`` by default) and GPUs through device requests. Labels
+(:data:`LABEL_MANAGED`, :data:`LABEL_EXECUTOR`, ...) find its containers again; ``close()``
+removes every container this executor made and :func:`remove_orphans` those of executors that
+died without closing. Docker SDK calls block, so they run in threads; each instance has one
+thread waiting for its container to end (``exit_reason`` comes from the container state:
+OOMKilled, exit code, signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from trims.runtime.executors.base import Instance, WorkerInstance
+from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+
+from trims.config import default_socket, format_size
+from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LABEL_MANAGED = "org.trims.managed"
+LABEL_EXECUTOR = "org.trims.executor"
+LABEL_FUNCTION = "org.trims.function"
+LABEL_INSTANCE = "org.trims.instance"
+
+#: Paths inside the container.
+CONTAINER_STORE_SOCKET = "/run/trims/store.sock"
+CONTAINER_WORKER_DIR = "/run/trims/w"
+CONTAINER_CODE_DIR = "/srv/function"
+
+#: The uid:gid containers run as when this process is root (the runtime image's "trims" user).
+DEFAULT_CONTAINER_USER = "10001:10001"
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def _default_user() -> str:
+    """Root callers run containers as the image's trims user; others as themselves, so the
+    worker's socket in the shared directory is theirs to connect to."""
+    if os.getuid() == 0:
+        return DEFAULT_CONTAINER_USER
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+@dataclass(frozen=True)
+class DockerExecutorSettings:
+    #: Image for functions whose spec names none; build it with dockerfiles/build-image.sh.
+    image: str = "trims-runtime:latest"
+    #: Host path of the daemon's store socket; None = trims.config.default_socket(); the socket
+    #: is mounted only when it exists (otherwise models load from their ``source``).
+    store_socket: Path | None = None
+    #: Host directory for the per-instance worker socket directories; None = a temp dir
+    #: removed on close().
+    state_dir: Path | None = None
+    #: Docker network mode: "none" (default: functions reach nothing), "bridge", "host", or
+    #: the name of a user-defined network.
+    network: str = "none"
+    #: "uid:gid" the worker runs as; None = 10001:10001 when root, else the caller's own ids.
+    user: str | None = None
+    #: Supplementary group that may connect to the store socket; None = the socket's group.
+    store_group: int | None = None
+    #: Memory added to the function's ``resources.memory_bytes`` for the interpreter and the
+    #: imported frameworks (the cgroup counts them; the shared weights are charged to the
+    #: daemon). 256 MiB covers Python + numpy + onnxruntime.
+    memory_overhead_bytes: int = 256 << 20
+    #: Most processes/threads in one container (fork-bomb guard).
+    pids_limit: int = 1024
+    #: Mount the root filesystem read-only (a tmpfs /tmp stays writable).
+    read_only_rootfs: bool = True
+    #: Docker Engine address; None = DOCKER_HOST or the local socket.
+    docker_url: str | None = None
+    #: Extra environment for every container (the function's own env is added on top).
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Extra labels for every container.
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.user is not None and not re.fullmatch(r"\d+(:\d+)?", self.user):
+            raise ValidationError(f"docker executor: user {self.user!r} must be 'uid' or 'uid:gid'")
+        if self.user is not None and self.user.split(":")[0] == "0":
+            raise ValidationError("docker executor: user must not be root (uid 0)")
+
+
+def _translate(action: str, error: Exception) -> TrimsError:
+    """A docker SDK error as the trims error that says what to do."""
+    import docker.errors
+    import requests.exceptions
+
+    if isinstance(error, docker.errors.ImageNotFound):
+        return NotFound(
+            f"{action}: image not found ({error.explanation}); build it with "
+            "'bash dockerfiles/build-image.sh' or name an existing image in the spec"
+        )
+    if isinstance(error, docker.errors.NotFound):
+        return NotFound(f"{action}: {error.explanation}")
+    if isinstance(error, docker.errors.APIError):
+        if error.status_code is not None and 400 <= error.status_code < 500:
+            return ValidationError(f"{action}: Docker Engine refused it: {error.explanation}")
+        return Unavailable(f"{action}: Docker Engine error: {error.explanation}")
+    if isinstance(error, (docker.errors.DockerException, requests.exceptions.RequestException)):
+        return Unavailable(
+            f"{action}: cannot reach the Docker Engine ({error}); start dockerd or set DOCKER_HOST"
+        )
+    return UpstreamError(f"{action}: {error}")
+
+
+async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking docker SDK call in a thread, translating its errors."""
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise _translate(action, e) from e
+
+
+def describe_container_exit(state: Mapping[str, Any], *, memory_limit: int | None, logs: str) -> str:
+    """A stopped container's ``State`` as a reason: 'out of memory ...', 'killed by SIGSEGV'."""
+    if state.get("OOMKilled"):
+        limit = f" (container limit {format_size(memory_limit)})" if memory_limit else ""
+        return f"out of memory{limit}: the kernel OOM-killed the container"
+    code = int(state.get("ExitCode", -1))
+    if state.get("Error"):
+        return f"container failed: {state['Error']}"
+    detail = ""
+    if code == EXIT_INIT_FAILED:
+        for line in reversed(logs.splitlines()):
+            if line.startswith("init failed:"):
+                detail = line[len("init failed:") :].strip()
+                break
+    # tini (PID 1) exits with 128 + N when the worker died of signal N.
+    if code > 128:
+        return describe_returncode(-(code - 128), memory_bytes=memory_limit, detail=detail)
+    return describe_returncode(code, memory_bytes=memory_limit, detail=detail)
+
+
+class DockerInstance(WorkerInstance):
+    """One container; a thread waits for it to end and records why."""
+
+    exit_reason: str | None
+
+    def __init__(
+        self,
+        instance_id: str,
+        spec: FunctionSpec,
+        container: Any,
+        socket_dir: Path,
+        memory_limit: int | None,
+    ) -> None:
+        super().__init__(instance_id, spec.name, "docker")
+        self.spec = spec
+        self.container = container
+        self.socket_dir = socket_dir
+        self.socket_path = socket_dir / f"{instance_id}.sock"
+        self.memory_limit = memory_limit
+        self.state: Mapping[str, Any] = {}
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[None] = loop.create_future()
+        self._waiter = threading.Thread(
+            target=self._wait_container, args=(loop,), name=f"docker-wait-{instance_id}", daemon=True
+        )
+        self._waiter.start()
+
+    @property
+    def container_id(self) -> str:
+        return str(self.container.id)
+
+    def _wait_container(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread: block until the container stops, then read its state and log tail."""
+        import docker.errors
+        import requests.exceptions
+
+        reason: str
+        try:
+            self.container.wait()
+            self.container.reload()
+            self.state = dict(self.container.attrs.get("State", {}))
+            logs = self.container.logs(tail=50).decode(errors="replace")
+            reason = describe_container_exit(
+                self.state, memory_limit=self.memory_limit, logs=logs
+            )
+        except docker.errors.NotFound:
+            reason = "container was removed"
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            reason = f"lost track of the container: {e}"
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._set_ended, reason)
+
+    def _set_ended(self, reason: str) -> None:
+        if self.exit_reason is None:
+            self.exit_reason = reason
+        if not self._ended.done():
+            self._ended.set_result(None)
+        if self.state.get("ExitCode", 0) != 0 or self.state.get("OOMKilled"):
+            log.warning("instance %s of %s ended: %s", self.id, self.function, self.exit_reason)
+
+    def address(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    def alive(self) -> bool:
+        return not self._ended.done()
+
+    async def wait_exit_reason(self, timeout: float) -> str | None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ended), timeout)
+        except TimeoutError:
+            return None
+        return self.exit_reason
+
+    async def terminate(self, grace_s: float) -> None:
+        """SIGTERM (the worker drains), SIGKILL after ``grace_s``, then remove the container."""
+        if self.alive():
+            await _call(f"stop container of {self.id}", self.container.stop, timeout=int(grace_s))
+        await asyncio.wait_for(asyncio.shield(self._ended), grace_s + 30.0)
+        await self.close_connection()
+        await _remove_container(self.container)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+async def _remove_container(container: Any) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound):
+        await _call(f"remove container {container.id[:12]}", container.remove, force=True)
+
+
+class DockerExecutor:
+    name = "docker"
+
+    def __init__(self, settings: DockerExecutorSettings | None = None, **options: Any) -> None:
+        """``DockerExecutor(network="bridge")`` is short for DockerExecutorSettings(...)."""
+        if settings is None:
+            try:
+                settings = DockerExecutorSettings(**options)
+            except TypeError as e:
+                raise ValidationError(f"docker executor: {e}") from e
+        self.settings = settings
+        self.id = uuid.uuid4().hex[:12]
+        self._client: Any = None
+        self._own_state_dir = settings.state_dir is None
+        self._state_dir = settings.state_dir
+        self._instances: dict[str, DockerInstance] = {}
+        self._closed = False
+        self._user = settings.user or _default_user()
+        store = settings.store_socket or default_socket(dict(os.environ))
+        self._store_socket: Path | None = store
+
+    @property
+    def instances(self) -> Sequence[Instance]:
+        return tuple(self._instances.values())
+
+    @property
+    def client(self) -> Any:
+        """The docker SDK client, made on first use."""
+        if self._client is None:
+            import docker
+            import docker.errors
+
+            try:
+                if self.settings.docker_url:
+                    self._client = docker.DockerClient(base_url=self.settings.docker_url)
+                else:
+                    self._client = docker.from_env()
+            except docker.errors.DockerException as e:
+                raise _translate("docker executor", e) from e
+        return self._client
+
+    @property
+    def state_dir(self) -> Path:
+        if self._state_dir is None:
+            self._state_dir = Path(tempfile.mkdtemp(prefix="trims-docker-"))
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        return self._state_dir
+
+    def labels(self, spec: FunctionSpec, instance_id: str) -> dict[str, str]:
+        return {
+            **self.settings.labels,
+            LABEL_MANAGED: "true",
+            LABEL_EXECUTOR: self.id,
+            LABEL_FUNCTION: spec.name,
+            LABEL_INSTANCE: instance_id,
+        }
+
+    def _socket_dir(self, instance_id: str) -> Path:
+        """A directory only this instance's container writes its socket into."""
+        path = self.state_dir / instance_id
+        path.mkdir(mode=0o700)
+        uid, _, gid = self._user.partition(":")
+        if os.getuid() == 0:
+            os.chown(path, int(uid), int(gid or uid))
+        elif str(os.getuid()) != uid:
+            path.chmod(0o777)
+        return path
+
+    def container_spec(self, spec: FunctionSpec, instance_id: str, socket_dir: Path) -> dict[str, Any]:
+        """Keyword arguments for ``containers.create`` (pure: no engine call)."""
+        import docker.types
+
+        mounts = [
+            docker.types.Mount(CONTAINER_WORKER_DIR, str(socket_dir), type="bind"),
+        ]
+        data = spec.to_dict()
+        group_add: list[str] = []
+        worker_argv = [
+            "worker",
+            "--listen", f"unix:{CONTAINER_WORKER_DIR}/{instance_id}.sock",
+            "--instance-id", instance_id,
+        ]  # fmt: skip
+        environment = {**self.settings.env, **spec.env}
+        store = self._store_socket
+        if store is not None and store.exists():
+            mounts.append(docker.types.Mount(CONTAINER_STORE_SOCKET, str(store), type="bind"))
+            worker_argv += ["--store-socket", CONTAINER_STORE_SOCKET]
+            environment["TRIMS_SOCKET"] = CONTAINER_STORE_SOCKET
+            gid = self.settings.store_group
+            group_add.append(str(store.stat().st_gid if gid is None else gid))
+        else:
+            log.warning(
+                "store socket %s does not exist; instance %s of %s loads models from their source",
+                store, instance_id, spec.name,
+            )  # fmt: skip
+        working_dir = None
+        if spec.code_dir is not None:
+            mounts.append(
+                docker.types.Mount(CONTAINER_CODE_DIR, spec.code_dir, type="bind", read_only=True)
+            )
+            data["code_dir"] = CONTAINER_CODE_DIR
+            working_dir = CONTAINER_CODE_DIR
+        worker_argv += ["--spec-json", json.dumps(parse_spec(data).to_dict())]
+        resources = spec.resources
+        memory_limit = None
+        if resources.memory_bytes is not None:
+            memory_limit = resources.memory_bytes + self.settings.memory_overhead_bytes
+        device_requests = None
+        if resources.gpus:
+            device_requests = [docker.types.DeviceRequest(count=resources.gpus, capabilities=[["gpu"]])]
+        name = _NAME_RE.sub("-", f"trims-{spec.name}-{instance_id}")[:200]
+        return {
+            "image": spec.image or self.settings.image,
+            "command": worker_argv,
+            "name": name,
+            "user": self._user,
+            "group_add": group_add or None,
+            "environment": environment,
+            "labels": self.labels(spec, instance_id),
+            "mounts": mounts,
+            "working_dir": working_dir,
+            "network_mode": self.settings.network,
+            "nano_cpus": int(resources.cpus * 1e9) if resources.cpus else None,
+            "mem_limit": memory_limit,
+            "memswap_limit": memory_limit,
+            "pids_limit": self.settings.pids_limit,
+            "device_requests": device_requests,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "read_only": self.settings.read_only_rootfs,
+            "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
+            "init": False,
+            "detach": True,
+        }
+
+    async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        if self._closed:
+            raise ValidationError("docker executor is closed; create a new one")
+        if instance_id in self._instances:
+            raise ValidationError(f"instance id {instance_id!r} is already in use")
+        client = self.client
+        socket_dir = self._socket_dir(instance_id)
+        kwargs = self.container_spec(spec, instance_id, socket_dir)
+        action = f"start instance {instance_id} of {spec.name} (image {kwargs['image']})"
+        try:
+            container = await _call(action, client.containers.create, **kwargs)
+        except TrimsError:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
+        try:
+            await _call(action, container.start)
+        except TrimsError:
+            await _remove_container(container)
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
+        instance = DockerInstance(instance_id, spec, container, socket_dir, kwargs["mem_limit"])
+        self._instances[instance_id] = instance
+        log.debug("instance %s of %s started (container %s)", instance_id, spec.name,
+                  instance.container_id[:12])  # fmt: skip
+        return instance
+
+    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
+        managed = self._instances.pop(instance.id, None)
+        if managed is None:
+            raise NotFound(f"instance {instance.id} is not managed by this docker executor")
+        await managed.terminate(grace_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        instances, self._instances = list(self._instances.values()), {}
+        results = await asyncio.gather(
+            *(i.terminate(5.0) for i in instances), return_exceptions=True
+        )
+        for instance, result in zip(instances, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("instance %s of %s: stopping its container failed (%s); removing it",
+                            instance.id, instance.function, result)  # fmt: skip
+                with contextlib.suppress(TrimsError):
+                    await _remove_container(instance.container)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._own_state_dir and self._state_dir is not None:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+
+
+def remove_orphans(client: Any, live_executors: Sequence[str] = ()) -> list[str]:
+    """Remove trims containers whose executor is not in ``live_executors``; their names.
+
+    For a gateway that restarts after a crash: its old executor never closed, so its containers
+    still run (or sit exited) under labels nobody owns.
+    """
+    import docker.errors
+    import requests.exceptions
+
+    removed: list[str] = []
+    try:
+        containers = client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        for container in containers:
+            if container.labels.get(LABEL_EXECUTOR) in live_executors:
+                continue
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+                removed.append(container.name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise _translate("remove orphaned trims containers", e) from e
+    if removed:
+        log.info("removed %d orphaned trims containers: %s", len(removed), ", ".join(removed))
+    return removed

@@ -1,0 +1,212 @@
+"""The docker executor against a real Docker Engine and the real runtime image.
+
+Each test starts real containers from the image built by dockerfiles/build-image.sh; the
+``docker_executor`` fixture fails a test that leaves a container behind.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from trims.runtime.executors.base import Instance
+from trims.runtime.executors.docker import (
+    CONTAINER_STORE_SOCKET,
+    LABEL_EXECUTOR,
+    LABEL_FUNCTION,
+    LABEL_INSTANCE,
+    DockerExecutor,
+    DockerInstance,
+    describe_container_exit,
+    remove_orphans,
+)
+from trims.runtime.functions.spec import FunctionSpec
+
+from trims.errors import NotFound, UpstreamError, ValidationError
+
+pytestmark = pytest.mark.docker
+
+MakeFunction = Callable[..., FunctionSpec]
+MakeExecutor = Callable[..., DockerExecutor]
+READY = 60.0
+
+ECHO = """
+import os
+
+def handler(request, ctx):
+    return {"body": request.text(), "uid": os.getuid()}
+"""
+
+
+async def _call(instance: Instance, body: bytes = b"") -> Any:
+    reply = await instance.invoke(body, {}, timeout=30, trace={})
+    assert reply.status == 200, reply.body
+    return json.loads(reply.body)
+
+
+async def test_echo_runs_confined_in_a_container_and_is_removed_on_stop(
+    docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
+) -> None:
+    executor = docker_executor()
+    spec = make_function(ECHO, name="echo", resources={"cpus": 0.5, "memory_bytes": 64 << 20})
+    instance = await executor.start(spec, "echo-1")
+    assert isinstance(instance, DockerInstance)
+    await instance.wait_ready(READY)
+    assert await _call(instance, b"hi") == {"body": "hi", "uid": 10001}
+    assert instance.alive() and instance.exit_reason is None
+
+    attrs = docker_client.containers.get(instance.container_id).attrs
+    host = attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == (64 << 20) + executor.settings.memory_overhead_bytes
+    assert host["MemorySwap"] == host["Memory"]
+    assert host["NetworkMode"] == "none"
+    assert host["CapDrop"] == ["ALL"]
+    assert host["ReadonlyRootfs"] is True
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["IpcMode"] != "host"
+    assert attrs["Config"]["User"] == "10001:10001"
+    labels = attrs["Config"]["Labels"]
+    assert labels[LABEL_EXECUTOR] == executor.id
+    assert (labels[LABEL_FUNCTION], labels[LABEL_INSTANCE]) == ("echo", "echo-1")
+
+    await executor.stop(instance, grace_s=5)
+    assert not instance.alive()
+    assert instance.exit_reason == "exited with code 0"
+    filters = {"label": f"{LABEL_INSTANCE}=echo-1"}
+    assert docker_client.containers.list(all=True, filters=filters) == []
+    assert not instance.socket_dir.exists()
+
+
+async def test_model_comes_from_the_daemon_over_the_mounted_socket(
+    start_daemon: Callable[..., Any], docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    weights = np.arange(4096, dtype=np.float32)
+    daemon = start_daemon(models={"vec": {"w": weights}})
+    executor = docker_executor(store_socket=daemon.socket)
+    spec = make_function(
+        """
+        import os
+
+        def handler(request, ctx):
+            model = ctx.models["vec"]
+            return {"sum": float(model.numpy()["w"].sum()), "via": model.via,
+                    "socket": os.environ["TRIMS_SOCKET"]}
+        """,
+        name="vec",
+        models=[{"name": "vec"}],
+    )
+    instance = await executor.start(spec, "vec-1")
+    await instance.wait_ready(READY)
+    answer = await _call(instance)
+    assert answer == {"sum": float(weights.sum()), "via": "store", "socket": CONTAINER_STORE_SOCKET}
+    assert daemon.request("stats")["result"]["leases"] >= 1
+    await executor.stop(instance, grace_s=5)
+
+
+async def test_crash_mid_request_reports_the_signal(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    executor = docker_executor()
+    spec = make_function(
+        """
+        import os, signal
+
+        def handler(request, ctx):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        """,
+        name="crash",
+    )
+    instance = await executor.start(spec, "crash-1")
+    await instance.wait_ready(READY)
+    with pytest.raises(UpstreamError, match="crash-1 of crash died: killed by SIGSEGV"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert instance.exit_reason == "killed by SIGSEGV"
+    assert not instance.alive()
+    await executor.stop(instance, grace_s=5)
+
+
+async def test_allocating_past_the_memory_limit_is_reported_as_out_of_memory(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    executor = docker_executor()
+    spec = make_function(
+        """
+        def handler(request, ctx):
+            hog = bytearray(1 << 30)
+            return str(len(hog))
+        """,
+        name="hog",
+        resources={"memory_bytes": 32 << 20},
+    )
+    instance = await executor.start(spec, "hog-1")
+    await instance.wait_ready(READY)
+    with pytest.raises(UpstreamError, match="out of memory"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    await executor.stop(instance, grace_s=5)
+
+
+async def test_init_failure_carries_the_reason(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    executor = docker_executor()
+    spec = make_function(
+        """
+        def init(ctx):
+            raise RuntimeError("no GPU in this box")
+
+        def handler(request, ctx):
+            return b""
+        """,
+        name="badinit",
+    )
+    instance = await executor.start(spec, "badinit-1")
+    with pytest.raises(UpstreamError, match="no GPU in this box"):
+        await instance.wait_ready(READY)
+    await executor.stop(instance, grace_s=5)
+
+
+async def test_missing_image_is_not_found_with_the_fix(
+    docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
+) -> None:
+    executor = docker_executor(image="trims-no-such-image:never")
+    with pytest.raises(NotFound, match="build-image.sh"):
+        await executor.start(make_function(ECHO, name="ghost"), "ghost-1")
+    assert executor.instances == ()
+    filters = {"label": f"{LABEL_EXECUTOR}={executor.id}"}
+    assert docker_client.containers.list(all=True, filters=filters) == []
+
+
+def test_root_user_is_refused() -> None:
+    with pytest.raises(ValidationError, match="root"):
+        DockerExecutor(user="0:0")
+
+
+async def test_orphans_of_a_dead_executor_are_removed(
+    docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
+) -> None:
+    crashed = docker_executor()
+    instance = await crashed.start(make_function(ECHO, name="orphan"), "orphan-1")
+    await instance.wait_ready(READY)
+    live = docker_executor()
+    removed = remove_orphans(docker_client, live_executors=[live.id])
+    assert any(name.endswith("orphan-1") for name in removed)
+    with pytest.raises(UpstreamError, match="orphan-1 of orphan died"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({"OOMKilled": True, "ExitCode": 137}, "out of memory (container limit 64.0 MiB)"),
+        ({"ExitCode": 139}, "killed by SIGSEGV"),
+        ({"ExitCode": 0}, "exited with code 0"),
+        ({"ExitCode": 113}, "init failed: boom"),
+    ],
+)
+def test_container_state_in_words(state: dict[str, Any], reason: str) -> None:
+    logs = "starting\ninit failed: boom\n"
+    assert describe_container_exit(state, memory_limit=64 << 20, logs=logs).startswith(reason)
