@@ -176,9 +176,9 @@ def _mapping(value: Any, path: str, allowed: frozenset[str] | None = None) -> Ma
     if allowed is not None:
         unknown = sorted(set(value) - allowed)
         if unknown:
+            name = unknown[0] if path == "spec" else f"{path}.{unknown[0]}"
             raise ValidationError(
-                f"{path}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}",
-                field=f"{path}.{unknown[0]}",
+                f"{name}: unknown field; allowed: {', '.join(sorted(allowed))}", field=name
             )
     return value
 
@@ -280,8 +280,8 @@ def _scaling(value: Any) -> Scaling:
     )
     if s.min_instances > s.max_instances:
         raise ValidationError(
-            f"scaling.min_instances ({s.min_instances}) must not exceed scaling.max_instances "
-            f"({s.max_instances})",
+            f"scaling.min_instances: must not exceed scaling.max_instances "
+            f"({s.max_instances}), got {s.min_instances}",
             field="scaling.min_instances",
         )
     return s

@@ -27,11 +27,8 @@ class ModelSet:
 
     def release_all(self) -> None:
         for key, model in self.models.items():
-            closer = getattr(model, "close", None) or getattr(model, "release", None)
-            if closer is None:
-                continue
             try:
-                closer()
+                model.close()
             except Exception:
                 log.warning("releasing model %s failed; its lease ends with the process", key)
         self.models.clear()
@@ -56,7 +53,11 @@ def acquire_models(spec: FunctionSpec, store_socket: Path | None) -> ModelSet:
                 "model.acquire", attributes={"model": ref.name, "tier": ref.tier}
             ):
                 out.models[ref.key] = open_model(
-                    ref.name, version=ref.version, source=ref.source, client=out.client
+                    ref.name,
+                    version=ref.version,
+                    source=ref.source,
+                    client=out.client,
+                    tier=ref.tier,
                 )
             log.info("model %s opened for %s in %.1f ms",
                      ref.name, spec.name, (time.perf_counter() - t0) * 1e3)  # fmt: skip

@@ -383,3 +383,41 @@ async def test_run_as_drops_privileges(
         import shutil
 
         shutil.rmtree(code, ignore_errors=True)
+
+
+async def test_models_are_acquired_through_the_store_and_shared(
+    start_daemon: Callable[..., object],
+    make_function: MakeFunction,
+    local_executor: Callable[..., LocalExecutor],
+) -> None:
+    weights = np.arange(1000, dtype=np.float32)
+    daemon = start_daemon(models={"vec": {"w": weights}})
+    spec = make_function(
+        """
+        def handler(request, ctx):
+            model = ctx.models["v"]
+            return {"sum": float(model.numpy()["w"].sum()), "via": model.via}
+        """,
+        models=[{"name": "vec", "alias": "v"}],
+    )
+    executor = local_executor(store_socket=daemon.socket)  # type: ignore[attr-defined]
+    a = await executor.start(spec, "vec-a")
+    b = await executor.start(spec, "vec-b")
+    await a.wait_ready(30)
+    await b.wait_ready(30)
+    for instance in (a, b):
+        assert json.loads(await _invoke(instance)) == {"sum": float(weights.sum()), "via": "store"}
+    stats = daemon.request("stats")["result"]  # type: ignore[attr-defined]
+    assert stats["leases"] >= 2
+    await executor.stop(a, grace_s=5)
+    await executor.stop(b, grace_s=5)
+
+
+async def test_missing_model_fails_init_with_the_reason(
+    store_daemon: object, make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    spec = make_function(ECHO, models=[{"name": "ghost"}])
+    executor = local_executor(store_socket=store_daemon.socket)  # type: ignore[attr-defined]
+    instance = await executor.start(spec, "ghost-1")
+    with pytest.raises(UpstreamError, match="ghost"):
+        await instance.wait_ready(30)
