@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import REPO, Process, machine, markdown_table, start_gateway, write_json  # noqa: E402
+from runtime_common import REPO, Process, machine, markdown_table, start_gateway, write_json
 
 BODY = b"hello"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,76 @@ def machine() -> str:
     except OSError:
         load = float("nan")
     return f"{cpus} CPUs, load average {load:.1f} at start"
+
+
+#: Executors the benchmarks' in-process gateway offers (spec "executor" field -> options).
+EXECUTORS = {
+    "local": {"zygote": True, "store": True},
+    "spawn-store": {"zygote": False, "store": True},
+    "spawn-direct": {"zygote": False, "store": False},
+    "zygote-direct": {"zygote": True, "store": False},
+}
+
+
+@contextlib.asynccontextmanager
+async def local_gateway(root: Path, store_socket: Path) -> AsyncIterator[str]:
+    """A gateway in this process (its URL) whose functions pick one of ``EXECUTORS``.
+
+    "-direct" executors point workers at a socket where no daemon listens, so their models
+    load from the spec's ``source`` file in each instance.
+    """
+    from aiohttp import web
+    from trims.runtime.executors import create_executor
+    from trims.runtime.gateway.app import create_app
+    from trims.runtime.settings import GatewaySettings
+
+    def make(name: str) -> object:
+        opts = EXECUTORS[name]
+        socket_path = store_socket if opts["store"] else root / "no-store.sock"
+        return create_executor(
+            "local", zygote=opts["zygote"], store_socket=socket_path,
+            state_dir=root / "instances" / name,
+        )  # fmt: skip
+
+    settings = GatewaySettings(port=0, store_socket=store_socket, drain_timeout_s=5)
+    runner = web.AppRunner(create_app(settings, make), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def write_model(path: Path, megabytes: int, seed: float = 0.0, tensor_mb: int = 50) -> None:
+    """A safetensors file of ``megabytes`` MiB of float32 tensors (at most ``tensor_mb`` each)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    left = megabytes << 20
+    i = 0
+    while left > 0:
+        n = min(left, tensor_mb << 20) // 4
+        tensors[f"layer{i:03d}.weight"] = np.full(n, seed + i, dtype=np.float32)
+        left -= n * 4
+        i += 1
+    save_file(tensors, str(path))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of a process (shared pages divided among their mappers)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0

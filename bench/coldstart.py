@@ -1,0 +1,172 @@
+"""Cold start: from invoking a function with zero instances to its response, through the gateway.
+
+    python bench/coldstart.py --model-mb 100,1000 --runs 5 --json OUT.json
+
+Modes (one function per run, deployed fresh so it has no instance; its model is a
+``--model-mb`` safetensors file of float32 tensors):
+
+* ``no_store``: a fresh interpreter (no zygote) loads the weights from local disk itself. The
+  file is evicted from the page cache before each run (``posix_fadvise(DONTNEED)``), as on a
+  node that has not read it recently; ``--keep-page-cache`` skips that.
+* ``store``: a fresh interpreter acquires the model from the daemon (CPU tier, already hot).
+* ``store_zygote``: the default local executor: a worker forked from the zygote (numpy, torch
+  and onnxruntime imported) acquires the model from the daemon.
+* ``warm``: the next request to that running instance.
+
+The handler's init maps the weights and its request reads the first 4 KiB of one tensor, so a
+run measures start, acquire and one request, not a forward pass over all the weights. JSON:
+``{"results": [{"mode", "model_mb", "median_s", "min_s", "max_s"}], ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime_common import (
+    local_gateway,
+    machine,
+    markdown_table,
+    pid_alive,
+    start_daemon,
+    summary,
+    write_json,
+    write_model,
+)
+
+MODES = ("no_store", "store", "store_zygote", "warm")
+EXECUTOR_OF = {"no_store": "spawn-direct", "store": "spawn-store", "store_zygote": "local"}
+
+HANDLER = """
+import os
+
+def init(ctx):
+    weights = ctx.models["weights"].numpy()
+    ctx.state["first"] = weights[sorted(weights)[0]]
+
+def handler(request, ctx):
+    first = ctx.state["first"]
+    return f"{float(first[:1024].sum())} {os.getpid()}"
+"""
+
+
+def evict_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+async def run_modes(
+    root: Path, store_socket: Path, models: dict[int, Path], runs: int, keep_cache: bool
+) -> dict[tuple[str, int], list[float]]:
+    import aiohttp
+
+    code = root / "code"
+    code.mkdir()
+    (code / "coldfn.py").write_text(HANDLER)
+    times: dict[tuple[str, int], list[float]] = {}
+    async with local_gateway(root, store_socket) as url, aiohttp.ClientSession() as session:
+        for mb, path in models.items():
+            for run in range(runs):
+                for mode in ("no_store", "store", "store_zygote"):
+                    name = f"cs-{mode.replace('_', '-')}-{mb}-{run}"
+                    spec = {
+                        "name": name,
+                        "handler": "coldfn:handler",
+                        "code_dir": str(code),
+                        "executor": EXECUTOR_OF[mode],
+                        "models": [{"name": f"w{mb}", "alias": "weights", "source": str(path)}],
+                        "scaling": {"max_instances": 1, "request_timeout_s": 300},
+                    }
+                    async with session.put(f"{url}/v1/functions/{name}", json=spec) as r:
+                        assert r.status == 201, await r.text()
+                    if mode == "no_store" and not keep_cache:
+                        evict_page_cache(path)
+                    t0 = time.perf_counter()
+                    async with session.post(f"{url}/v1/functions/{name}/invoke") as r:
+                        body = await r.text()
+                    elapsed = time.perf_counter() - t0
+                    assert r.status == 200, body
+                    times.setdefault((mode, mb), []).append(elapsed)
+                    if mode == "store_zygote":
+                        t0 = time.perf_counter()
+                        async with session.post(f"{url}/v1/functions/{name}/invoke") as r:
+                            await r.read()
+                        times.setdefault(("warm", mb), []).append(time.perf_counter() - t0)
+                    pid = int(body.split()[1])
+                    async with session.delete(f"{url}/v1/functions/{name}") as r:
+                        assert r.status == 200
+                    while pid_alive(pid):
+                        await asyncio.sleep(0.02)
+                    print(
+                        f"{mode:>13} {mb:>5} MB run {run}: {elapsed * 1e3:8.1f} ms",
+                        file=sys.stderr,
+                    )
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-mb", default="100,1000", help="comma-separated model sizes")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep-page-cache", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.model_mb.split(",") if s]
+
+    import uvloop
+    from trims.runtime.client import StoreClient
+
+    where = machine()
+    with tempfile.TemporaryDirectory(prefix="trims-bench-cold-") as tmp:
+        root = Path(tmp)
+        daemon, store_socket = start_daemon(root, cpu_budget=f"{sum(sizes) * 2 + 512}MiB")
+        try:
+            models = {}
+            with StoreClient(store_socket) as client:
+                for mb in sizes:
+                    path = root / f"w{mb}.safetensors"
+                    write_model(path, mb)
+                    client.add(f"w{mb}", path)
+                    client.load(f"w{mb}", tier="cpu")
+                    models[mb] = path
+            times = uvloop.run(
+                run_modes(root, store_socket, models, args.runs, args.keep_page_cache)
+            )
+        finally:
+            daemon.stop()
+    results = [
+        {"mode": mode, "model_mb": mb, **summary(times[(mode, mb)])}
+        for mb in sizes
+        for mode in MODES
+    ]
+    by = {(r["mode"], r["model_mb"]): r["median_s"] for r in results}
+    speedups = {str(mb): by[("no_store", mb)] / by[("store_zygote", mb)] for mb in sizes}
+    write_json(
+        args.json,
+        {"results": results, "speedup_store_zygote_vs_no_store": speedups, "runs": args.runs,
+         "page_cache_evicted": not args.keep_page_cache, "machine": where},
+    )  # fmt: skip
+    rows = [
+        [r["mode"], r["model_mb"], f"{r['median_s'] * 1e3:.1f}", f"{r['min_s'] * 1e3:.1f}",
+         f"{r['max_s'] * 1e3:.1f}"]
+        for r in results
+    ]  # fmt: skip
+    print(markdown_table(["mode", "model MB", "median ms", "min ms", "max ms"], rows))
+    for mb, s in speedups.items():
+        print(f"\nstore_zygote vs no_store at {mb} MB: {s:.1f}x faster ({where})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
