@@ -62,6 +62,7 @@ class LeaseTable:
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._per_connection: Counter[int] = Counter()
 
     def grant(
         self,
@@ -75,6 +76,7 @@ class LeaseTable:
         lease = Lease(uuid.uuid4().hex, connection, name, version, digest, tier, peer, time.time())
         self._leases[lease.id] = lease
         self._counts[(tier, digest)] += 1
+        self._per_connection[connection] += 1
         return lease
 
     def release(self, lease_id: str, connection: int) -> Lease:
@@ -86,6 +88,9 @@ class LeaseTable:
         self._counts[(lease.tier, lease.digest)] -= 1
         if self._counts[(lease.tier, lease.digest)] <= 0:
             del self._counts[(lease.tier, lease.digest)]
+        self._per_connection[connection] -= 1
+        if self._per_connection[connection] <= 0:
+            del self._per_connection[connection]
         return lease
 
     def release_all(self, connection: int) -> list[Lease]:
@@ -97,8 +102,8 @@ class LeaseTable:
     def count(self, tier: str, digest: str) -> int:
         return self._counts.get((tier, digest), 0)
 
-    def of_connection(self, connection: int) -> list[Lease]:
-        return [lease for lease in self._leases.values() if lease.connection == connection]
+    def held_by(self, connection: int) -> int:
+        return self._per_connection.get(connection, 0)
 
     def __len__(self) -> int:
         return len(self._leases)

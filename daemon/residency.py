@@ -1,0 +1,325 @@
+"""Residency: which copy of each layout sits in which tier, and how copies get there and go.
+
+Owns the tiers (cpu, gpu, disk), their byte ledgers and eviction, and the single-flight loads
+(Note [single-flight loads]). The store's operations ask it to make a copy resident, then lease
+that copy; nothing is evicted while a lease or pin holds it (Note [lease keeps memory alive]).
+Blocking work (copying into a memfd, hashing, converting, downloading) runs in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trims.daemon.catalog import Catalog, ModelRecord
+from trims.daemon.eviction import Resident, TierLedger
+from trims.daemon.leases import LeaseTable
+from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.tiers.cpu import CpuTier
+from trims.daemon.tiers.disk import DiskTier
+from trims.daemon.tiers.gpu import GpuTier
+from trims.daemon.tiers.memory import MemoryTier
+
+from trims.config import DaemonSettings, format_size
+from trims.errors import CorruptModel, NotFound, ResourceExhausted, Unavailable
+from trims.layout import Manifest
+from trims.telemetry import tracer
+
+log = logging.getLogger(__name__)
+_tracer = tracer(__name__)
+
+Progress = Callable[[str, int, int | None], None]
+MEMORY_TIERS = ("cpu", "gpu")
+TIERS = ("gpu", "cpu", "disk")
+#: Loads tried for one acquire when concurrent loads keep evicting the fresh copy.
+_LOAD_ATTEMPTS = 3
+
+
+class Residency:
+    """The tiers and what is resident in each, within their budgets."""
+
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        metrics: DaemonMetrics,
+        catalog: Catalog,
+        leases: LeaseTable,
+        *,
+        policies: dict[str, str],
+        gpu: GpuTier | None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.catalog = catalog
+        self.leases = leases
+        self.disk = DiskTier(settings.store_dir / "disk", settings.budgets.disk)
+        self.gpu = gpu
+        self.tiers: dict[str, MemoryTier] = {"cpu": CpuTier()}
+        if gpu is not None:
+            self.tiers["gpu"] = gpu
+        budgets = {"cpu": settings.budgets.cpu, "gpu": settings.budgets.gpu if gpu else 0}
+        self.ledgers = {
+            t: TierLedger(t, budgets[t], policies.get(t, settings.eviction)) for t in MEMORY_TIERS
+        }
+        #: The disk tier's usage figures; blobs of models with a remote source are evictable
+        #: (they can be fetched again), others are the only copy and stay.
+        self.disk_ledger = TierLedger(
+            "disk", settings.budgets.disk, policies.get("disk", settings.eviction)
+        )
+        self.loads: dict[str, int] = {t: 0 for t in TIERS}
+        self.evictions: dict[str, int] = {t: 0 for t in TIERS}
+        self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._verified: set[str] = set()
+        for t, ledger in (*self.ledgers.items(), ("disk", self.disk_ledger)):
+            metrics.bytes_budget.labels(t).set(ledger.budget)
+
+    def close(self) -> None:
+        for tier in self.tiers.values():
+            tier.close()
+
+    def resident_tiers(self, digest: str) -> list[str]:
+        tiers = [t for t in MEMORY_TIERS if digest in self.ledgers[t].residents]
+        if self.disk.contains(digest):
+            tiers.append("disk")
+        return tiers
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        for t, ledger in self.ledgers.items():
+            m.bytes_used.labels(t).set(ledger.used)
+            m.models_resident.labels(t).set(len(ledger.residents))
+        m.bytes_used.labels("disk").set(self.disk.used_bytes())
+        m.models_resident.labels("disk").set(len(self.disk.digests()))
+
+    def forget(self, digest: str) -> None:
+        """The digest's disk copy is gone or replaced: verify it again before serving."""
+        self._verified.discard(digest)
+
+    def mark_verified(self, digest: str) -> None:
+        self._verified.add(digest)
+
+    # Note [single-flight loads]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # The first request for a (tier, digest) that is not resident puts, in
+    # self._loading: a task of its own that does the load; it and every request that arrives
+    # meanwhile await that task, shielded, so a requester that disconnects cancels neither the
+    # load nor the others' wait. When the load ends the task hands its result or error to all
+    # of them, and the entry goes. So 32 concurrent acquires of a cold model cause one copy,
+    # one digest check, one load count.
+
+    async def single_flight(self, key: tuple[str, str], load: Callable[[], Any]) -> None:
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(load(), name=f"load {key[0]} {key[1][:12]}")
+            self._loading[key] = task
+            task.add_done_callback(lambda t: self._load_done(key, t))
+        await asyncio.shield(task)
+
+    def _load_done(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._loading.get(key) is task:
+            del self._loading[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every waiter got it (or had gone)
+
+    async def ensure_disk(self, record: ModelRecord) -> None:
+        """The layout is in the disk tier: fetched again from the source if it was removed."""
+        if self.disk.contains(record.digest):
+            return
+
+        async def fetch() -> None:
+            if not record.source:
+                raise NotFound(
+                    f"model {record.key} has no disk copy and no known source; add it again"
+                )
+            log.info("model %s has no disk copy; fetching it again from its source", record.key)
+            manifest = await self.ingest_with_room(
+                record.source, record.name, record.version, record.format or None, None, None
+            )
+            if manifest.digest != record.digest:
+                raise CorruptModel(
+                    f"the source of {record.key} changed: it now has digest "
+                    f"{manifest.digest[:12]}, the catalog expects {record.digest[:12]}; "
+                    "add it again under a new version"
+                )
+            self.loads["disk"] += 1
+            self.metrics.loads.labels("disk").inc()
+
+        await self.single_flight(("disk", record.digest), fetch)
+
+    async def ingest_with_room(
+        self,
+        source: str,
+        name: str,
+        version: str,
+        fmt: str | None,
+        sha256: str | None,
+        progress: Progress | None,
+    ) -> Manifest:
+        """Ingest into the disk tier; when it does not fit, evict by policy and try once more."""
+        from trims.daemon.ingest import ingest
+
+        for attempt in range(2):
+            try:
+                manifest: Manifest = await asyncio.to_thread(
+                    ingest,
+                    source,
+                    name=name,
+                    version=version,
+                    fmt=fmt,
+                    expected_sha256=sha256,
+                    disk=self.disk,
+                    s3_endpoint=self.settings.s3_endpoint,
+                    progress=progress,
+                    max_bytes=self.settings.budgets.disk,
+                )
+            except ResourceExhausted as e:
+                needed = e.details.get("needed")
+                if attempt or not isinstance(needed, int):
+                    raise
+                self.sync_disk_ledger()
+                for victim in self.disk_ledger.plan(needed, self._disk_evictable):
+                    self.evict_disk(victim.digest, f"needed {format_size(needed)} for {name}")
+                continue
+            self.sync_disk_ledger()
+            return manifest
+        raise AssertionError("unreachable")
+
+    def sync_disk_ledger(self) -> None:
+        """Match the disk ledger to the blobs on disk, keeping the usage figures it has."""
+        on_disk = set(self.disk.digests())
+        residents = self.disk_ledger.residents
+        for digest in set(residents) - on_disk:
+            del residents[digest]
+        for digest in on_disk - set(residents):
+            self.disk_ledger.add(digest, self.disk.path(digest).stat().st_size)
+
+    def _disk_evictable(self, r: Resident) -> bool:
+        from trims.daemon.tiers.cloud import is_remote
+
+        records = self.catalog.by_digest(r.digest)
+        return (
+            bool(records)
+            and all(is_remote(rec.source) for rec in records)
+            and self.leases.count("disk", r.digest) == 0
+            and not self.catalog.pinned_in(r.digest, "disk")
+            and not any(key[1] == r.digest for key in self._loading)
+        )
+
+    def evict_disk(self, digest: str, reason: str) -> None:
+        with _tracer.start_as_current_span("evict") as span:
+            span.set_attribute("trims.tier", "disk")
+            span.set_attribute("trims.digest", digest)
+            size = self.disk.path(digest).stat().st_size
+            self.disk.remove(digest)
+            self._verified.discard(digest)
+            self.sync_disk_ledger()
+            self.evictions["disk"] += 1
+            self.metrics.evictions.labels("disk").inc()
+            names = ", ".join(r.key for r in self.catalog.by_digest(digest)) or "?"
+            log.info(
+                "model %s evicted from disk tier (%s; %s freed; fetched again on use)",
+                names,
+                reason,
+                format_size(size),
+            )
+            self.update_gauges()
+
+    def _evictable(self, tier: str) -> Callable[[Resident], bool]:
+        def ok(r: Resident) -> bool:
+            return self.leases.count(tier, r.digest) == 0 and not self.catalog.pinned_in(
+                r.digest, tier
+            )
+
+        return ok
+
+    def evict(self, tier: str, resident: Resident, reason: str) -> None:
+        with _tracer.start_as_current_span("evict") as span:
+            span.set_attribute("trims.tier", tier)
+            span.set_attribute("trims.digest", resident.digest)
+            self.tiers[tier].free(resident.digest)
+            del self.ledgers[tier].residents[resident.digest]
+            self.evictions[tier] += 1
+            self.metrics.evictions.labels(tier).inc()
+            names = ", ".join(r.key for r in self.catalog.by_digest(resident.digest)) or "?"
+            log.info(
+                "model %s evicted from %s tier (%s; %s freed)",
+                names,
+                tier,
+                reason,
+                format_size(resident.size),
+            )
+            self.update_gauges()
+
+    async def ensure_resident(self, tier: str, record: ModelRecord) -> Resident:
+        """The resident copy, loaded if needed. On return no await has happened since it was
+        seen resident, so the caller can lease it before anything else can evict it."""
+        ledger = self.ledgers[tier]
+        for _ in range(_LOAD_ATTEMPTS):
+            resident = ledger.residents.get(record.digest)
+            if resident is not None:
+                return resident
+            await self._load_into(tier, record)
+        raise ResourceExhausted(
+            f"model {record.key} was evicted from the {tier} tier by other loads "
+            f"{_LOAD_ATTEMPTS} times before it could be leased; the tier is too small for the "
+            "working set: raise its budget",
+            tier=tier,
+            budget=ledger.budget,
+            needed=record.total_bytes,
+        )
+
+    async def _load_into(self, tier: str, record: ModelRecord) -> None:
+        ledger = self.ledgers[tier]
+        if tier not in self.tiers:
+            raise Unavailable(
+                "no CUDA device is available to this daemon, so the gpu tier is off; acquire "
+                "with tier 'cpu', or run the daemon on a GPU node with --gpu-budget"
+            )
+
+        async def load() -> None:
+            with _tracer.start_as_current_span("load") as span:
+                span.set_attribute("trims.tier", tier)
+                span.set_attribute("trims.model", record.key)
+                await self.ensure_disk(record)
+                size = record.total_bytes
+                victims = ledger.plan(size, self._evictable(tier))
+                for victim in victims:
+                    self.evict(
+                        tier,
+                        victim,
+                        f"budget {format_size(ledger.budget)}, "
+                        f"needed {format_size(size)} for {record.key}",
+                    )
+                ledger.reserved += size
+                started = time.monotonic()
+                try:
+                    await asyncio.to_thread(
+                        self.tiers[tier].load,
+                        record.digest,
+                        self.disk.path(record.digest),
+                        size,
+                        record.key,
+                    )
+                finally:
+                    ledger.reserved -= size
+                ledger.add(record.digest, size)
+                self.loads[tier] += 1
+                self.metrics.loads.labels(tier).inc()
+                self.metrics.load_duration.labels(tier).observe(time.monotonic() - started)
+                self.update_gauges()
+
+        await self.single_flight((tier, record.digest), load)
+
+    async def verify_disk(self, record: ModelRecord) -> None:
+        """Check the disk file against its digest once per daemon run before serving it."""
+        if record.digest in self._verified:
+            return
+
+        async def verify() -> None:
+            await asyncio.to_thread(self.disk.verify, record.digest)
+            self._verified.add(record.digest)
+
+        await self.single_flight(("verify", record.digest), verify)

@@ -1,0 +1,74 @@
+"""`trims daemon` settings (argv over environment over defaults) and the socket lifecycle."""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from trims.daemon.cli import build_settings, configure, parse_eviction
+
+from tests.daemon.rawclient import RawClient
+from tests.fixtures.store import DaemonProcess
+from trims.errors import ValidationError
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_argv_wins_over_environment_and_defaults_fill_the_rest(tmp_path: Path) -> None:
+    env = {"TRIMS_STORE_DIR": str(tmp_path / "env"), "TRIMS_CPU_BUDGET": "2GiB",
+           "TRIMS_SOCKET": "/run/x.sock", "TRIMS_EVICTION": "fifo"}  # fmt: skip
+    settings, policies, level = build_settings(
+        _args("--cpu-budget", "1MiB", "--eviction", "lfu,gpu=never", "--socket-mode", "640"), env
+    )
+    assert settings.store_dir == tmp_path / "env"
+    assert settings.socket_path == Path("/run/x.sock")
+    assert settings.admin_socket_path == Path("/run/x.admin.sock")
+    assert settings.budgets.cpu == 1 << 20 and settings.budgets.gpu == 0
+    assert settings.eviction == "lfu" and policies == {"gpu": "never"}
+    assert settings.socket_mode == 0o640 and level == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [("lru", ("lru", {})), ("cpu=lfu, disk=never", ("lru", {"cpu": "lfu", "disk": "never"}))],
+)
+def test_parse_eviction(spec: str, parsed: tuple[str, dict[str, str]]) -> None:
+    assert parse_eviction(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["random", "tape=lru", "cpu=sometimes"])
+def test_bad_eviction_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ValidationError, match="eviction"):
+        parse_eviction(spec)
+
+
+def test_socket_mode_group_a_second_daemon_and_clean_shutdown(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    daemon = start_daemon(socket_mode="640", socket_group=group)
+    st = daemon.socket.stat()
+    assert st.st_mode & 0o777 == 0o640 and st.st_gid == os.getgid()
+    assert daemon.admin_socket.stat().st_mode & 0o777 == 0o600
+    twin = DaemonProcess(daemon.root, {})
+    with pytest.raises(RuntimeError, match="another daemon is serving"):
+        twin.start()
+    with RawClient(daemon.socket) as client:
+        assert client.result("hello")["protocol"] == 1
+        os.kill(daemon.pid, signal.SIGTERM)
+        with pytest.raises(ConnectionError):
+            client.result("hello")
+    assert daemon.stop() == 0
+    assert not daemon.socket.exists() and not daemon.admin_socket.exists()
+    with socket.socket(socket.AF_UNIX) as s, pytest.raises(FileNotFoundError):
+        s.connect(str(daemon.socket))
