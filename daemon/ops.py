@@ -149,7 +149,7 @@ async def _stats(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | No
 
 
 async def _load(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
-    return await store.load(c, _name(a), _version(a), _required_tier(a, "cpu"))
+    return await store.load(c, _name(a), _version(a), _required_tier(a, "cpu"), p)
 
 
 async def _evict(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:

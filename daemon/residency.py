@@ -21,7 +21,7 @@ from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier
 from trims.daemon.tiers.gpu import GpuTier
-from trims.daemon.tiers.memory import MemoryTier
+from trims.daemon.tiers.memory import MemoryTier, Progress
 
 from trims.config import DaemonSettings, format_size
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, Unavailable
@@ -31,7 +31,6 @@ from trims.telemetry import tracer
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
 
-Progress = Callable[[str, int, int | None], None]
 MEMORY_TIERS = ("cpu", "gpu")
 TIERS = ("gpu", "cpu", "disk")
 #: Loads tried for one acquire when concurrent loads keep evicting the fresh copy.
@@ -253,7 +252,9 @@ class Residency:
             )
             self.update_gauges()
 
-    async def ensure_resident(self, tier: str, record: ModelRecord) -> Resident:
+    async def ensure_resident(
+        self, tier: str, record: ModelRecord, progress: Progress | None = None
+    ) -> Resident:
         """The resident copy, loaded if needed. On return no await has happened since it was
         seen resident, so the caller can lease it before anything else can evict it."""
         ledger = self.ledgers[tier]
@@ -261,7 +262,7 @@ class Residency:
             resident = ledger.residents.get(record.digest)
             if resident is not None:
                 return resident
-            await self._load_into(tier, record)
+            await self._load_into(tier, record, progress)
         raise ResourceExhausted(
             f"model {record.key} was evicted from the {tier} tier by other loads "
             f"{_LOAD_ATTEMPTS} times before it could be leased; the tier is too small for the "
@@ -271,7 +272,7 @@ class Residency:
             needed=record.total_bytes,
         )
 
-    async def _load_into(self, tier: str, record: ModelRecord) -> None:
+    async def _load_into(self, tier: str, record: ModelRecord, progress: Progress | None) -> None:
         ledger = self.ledgers[tier]
         if tier not in self.tiers:
             raise Unavailable(
@@ -302,6 +303,7 @@ class Residency:
                         self.disk.path(record.digest),
                         size,
                         record.key,
+                        progress,
                     )
                 finally:
                     ledger.reserved -= size

@@ -317,13 +317,20 @@ class Store:
             result["lease_table"] = [lease.to_dict() for lease in self.leases.all()]
         return Reply(result)
 
-    async def load(self, caller: Caller, name: str, version: str | None, tier: str) -> Reply:
+    async def load(
+        self,
+        caller: Caller,
+        name: str,
+        version: str | None,
+        tier: str,
+        progress: Progress | None,
+    ) -> Reply:
         record = self.catalog.get(name, version)
         if tier == "disk":
             await self.res.ensure_disk(record)
             await self.res.verify_disk(record)
         else:
-            await self.res.ensure_resident(tier, record)
+            await self.res.ensure_resident(tier, record, progress)
         return Reply({"model": self.model_dict(record, admin=True)})
 
     async def evict(

@@ -24,7 +24,7 @@ import mmap
 import os
 from pathlib import Path
 
-from trims.daemon.tiers.memory import Export
+from trims.daemon.tiers.memory import Export, Progress
 
 from trims.errors import CorruptModel, TrimsError
 
@@ -34,7 +34,7 @@ SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_S
 _CHUNK = 64 << 20
 
 
-def _copy(src: int, dst: int, size: int) -> int:
+def _copy(src: int, dst: int, size: int, progress: Progress | None) -> int:
     """Copy ``size`` bytes kernel-side; return how many were copied (less at EOF)."""
     done = 0
     while done < size:
@@ -46,17 +46,26 @@ def _copy(src: int, dst: int, size: int) -> int:
         if n == 0:
             break
         done += n
+        if progress is not None:
+            progress("load", done, size)
     return done
 
 
-def _sha256_fd(fd: int, size: int) -> str:
+def _sha256_fd(fd: int, size: int, progress: Progress | None) -> str:
+    h = hashlib.sha256()
     if size == 0:
-        return hashlib.sha256().hexdigest()
-    with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
-        return hashlib.sha256(memoryview(m)).hexdigest()
+        return h.hexdigest()
+    with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m, memoryview(m) as view:
+        for start in range(0, size, _CHUNK):
+            h.update(view[start : start + _CHUNK])
+            if progress is not None:
+                progress("verify", min(start + _CHUNK, size), size)
+    return h.hexdigest()
 
 
-def create_sealed_memfd(source: Path, size: int, digest: str, label: str) -> int:
+def create_sealed_memfd(
+    source: Path, size: int, digest: str, label: str, progress: Progress | None = None
+) -> int:
     """A sealed memfd with the first ``size`` bytes of ``source``, verified against ``digest``.
 
     Blocking (the server runs it in a thread). Raises CorruptModel when the file is shorter
@@ -76,7 +85,7 @@ def create_sealed_memfd(source: Path, size: int, digest: str, label: str) -> int
                 "add it again"
             ) from e
         try:
-            copied = _copy(src, fd, size)
+            copied = _copy(src, fd, size, progress)
         finally:
             os.close(src)
         if copied != size:
@@ -84,7 +93,7 @@ def create_sealed_memfd(source: Path, size: int, digest: str, label: str) -> int
                 f"the disk copy of {label} is truncated: {copied} of {size} bytes; remove the "
                 "model and add it again"
             )
-        actual = _sha256_fd(fd, size)
+        actual = _sha256_fd(fd, size, progress)
         if actual != digest:
             raise CorruptModel(
                 f"the disk copy of {label} fails its digest check (expected {digest[:12]}, "
@@ -105,11 +114,13 @@ class CpuTier:
     def __init__(self) -> None:
         self._fds: dict[str, tuple[int, int]] = {}
 
-    def load(self, digest: str, source: Path, size: int, label: str) -> None:
+    def load(
+        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
+    ) -> None:
         """Blocking: copy, verify and seal; then the model is resident."""
         if digest in self._fds:
             return
-        fd = create_sealed_memfd(source, size, digest, label)
+        fd = create_sealed_memfd(source, size, digest, label, progress)
         self._fds[digest] = (fd, size)
         log.info("model %s loaded into cpu tier (%d bytes, sealed memfd)", label, size)
 

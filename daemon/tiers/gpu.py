@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trims.daemon.tiers.memory import Export
+from trims.daemon.tiers.memory import Export, Progress
 
 from trims.errors import CorruptModel, ResourceExhausted, TrimsError, Unavailable
 
@@ -282,7 +282,9 @@ class GpuTier:
         """The names an acquire may give for this device: its UUID and its ordinal."""
         return (self.uuid, str(self.ordinal))
 
-    def load(self, digest: str, source: Path, size: int, label: str) -> None:
+    def load(
+        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
+    ) -> None:
         with self._lock:
             if digest in self._allocs:
                 return
@@ -294,6 +296,8 @@ class GpuTier:
                     alloc = self._load_vmm(host, size) if self.vmm else self._load_ipc(host, size)
                 finally:
                     del host
+                if progress is not None:
+                    progress("load", size, size)
             finally:
                 view.close()
             self._allocs[digest] = alloc

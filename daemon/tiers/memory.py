@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+#: (stage, done_bytes, total_bytes_or_None); stages "load" and "verify" here.
+Progress = Callable[[str, int, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -21,8 +25,10 @@ class Export:
 class MemoryTier(Protocol):
     name: str
 
-    def load(self, digest: str, source: Path, size: int, label: str) -> None:
-        """Blocking: copy ``size`` bytes of the verified disk layout in; raise on failure."""
+    def load(
+        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
+    ) -> None:
+        """Blocking: copy ``size`` bytes of the disk layout in, verify them; raise on failure."""
 
     def export(self, digest: str) -> Export:
         """The handle and descriptor of a resident copy (KeyError if not resident)."""

@@ -77,6 +77,9 @@ def test_a_model_evicted_from_disk_is_fetched_again_from_its_source(
         admin.result("add", name="m", source=str(source))
         assert admin.result("evict", name="m", tier="disk")["evicted"] == ["disk"]
         assert admin.result("info", name="m")["model"]["tiers"] == []
+        admin.progress.clear()
         admin.result("load", name="m", tier="cpu")
+        assert {"load", "verify"} <= {p["stage"] for p in admin.progress}
+        assert admin.progress[-1] == {"stage": "verify", "done": 16384, "total": 16384}
         stats = admin.result("stats")["tiers"]
         assert stats["disk"]["loads"] == 1 and stats["cpu"]["loads"] == 1
