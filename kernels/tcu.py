@@ -182,7 +182,16 @@ class _Mma:
         self.m = {k: xp.asarray(v) for k, v in constant_matrices().items()}
 
     def _operand(self, a: Any) -> Any:
-        return a.astype(self.xp.float16).astype(self.xp.float32)
+        """Round to fp16 as a tensor core's operand; refuse partial sums fp16 cannot hold."""
+        with np.errstate(over="ignore"):
+            h = a.astype(self.xp.float16)
+        if a.dtype != self.xp.float16 and h.size and not bool(self.xp.isfinite(h).all()):
+            raise ValidationError(
+                "a partial sum used as a tensor-core operand exceeded the fp16 range (65504); "
+                "scale the input down, or use segment sizes 16 or 16n, which keep partial "
+                "sums in the accumulator"
+            )
+        return h.astype(self.xp.float32)
 
     def right(self, a: Any, name: str, c: Any | None = None) -> Any:
         """A_b @ M for every tile A_b of ``a`` (shape (..., 16, 16)); one GEMM for the stack."""
@@ -191,7 +200,8 @@ class _Mma:
         d = d.reshape(shape)
         if c is not None:
             d = d + c.astype(self.xp.float32)
-        return d.astype(self.acc_dtype)
+        with np.errstate(over="ignore"):
+            return d.astype(self.acc_dtype)
 
     def left(self, name: str, a: Any, c: Any | None = None) -> Any:
         """M @ A_b for every tile: (A_b^T M^T)^T, again one GEMM for the stack."""
@@ -201,7 +211,8 @@ class _Mma:
         d = self.xp.swapaxes(d.reshape(shape), -1, -2)
         if c is not None:
             d = d + c.astype(self.xp.float32)
-        return d.astype(self.acc_dtype)
+        with np.errstate(over="ignore"):
+            return d.astype(self.acc_dtype)
 
 
 # ----------------------------------------------------------------------------- formulations
@@ -359,7 +370,8 @@ def _full_scan(a: Any, mma: _Mma, acc: Acc) -> Any:
     totals = _full_scan(scanned[:, -1], mma, acc)
     exclusive = xp.zeros(nseg, xp.float32)
     exclusive[1:] = totals[:-1].astype(xp.float32)
-    out = (scanned.astype(xp.float32) + exclusive[:, None]).astype(mma.acc_dtype)
+    with np.errstate(over="ignore"):
+        out = (scanned.astype(xp.float32) + exclusive[:, None]).astype(mma.acc_dtype)
     return out.reshape(-1)[:n]
 
 

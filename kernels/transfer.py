@@ -156,6 +156,7 @@ def ipc_rows(settings: TransferSettings, sizes: list[int]) -> list[TransferRow]:
                 ("unix-socket", ipc.OP_SOCKET),
                 ("file-read", ipc.OP_FILE),
             ):
+                consumer.transfer(op, view, expected)
                 times = [
                     consumer.transfer(op, view, expected) for _ in range(max(1, settings.repeat))
                 ]

@@ -102,7 +102,13 @@ class Consumer:
             ctrl_child.close()
             data_child.close()
             os.close(pipe_r)
-        return cls(proc, ctrl, data, pipe_w, tempfile.TemporaryDirectory(prefix="trims-xfer-"))
+        consumer = cls(proc, ctrl, data, pipe_w, tempfile.TemporaryDirectory(prefix="trims-xfer-"))
+        try:
+            consumer._reply()
+        except BaseException:
+            consumer.close()
+            raise
+        return consumer
 
     def __enter__(self) -> Consumer:
         return self
@@ -129,6 +135,7 @@ class Consumer:
         self.workdir.cleanup()
 
     def _reply(self) -> tuple[int, int]:
+        """The consumer's answer (the first one, sent at start-up, says it is ready)."""
         buf = bytearray()
         while len(buf) < _REP.size:
             chunk = self.ctrl.recv(_REP.size - len(buf))
@@ -170,6 +177,7 @@ class Consumer:
 
 def _serve(ctrl: socket.socket, data: socket.socket, pipe_r: int) -> None:
     buffers: dict[int, bytearray] = {}
+    ctrl.sendall(_REP.pack(now_ns(), 0))
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(ctrl, _REQ.size, 1)
         if not msg:
