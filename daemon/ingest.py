@@ -109,7 +109,7 @@ def ingest(
         )
         if make_room is not None:
             make_room(manifest.total_bytes)
-        disk.commit(layout, manifest)
+        disk.commit(layout, manifest, progress)
     finally:
         layout.unlink(missing_ok=True)
         if fetched is not None:

@@ -103,8 +103,27 @@ class _Sink:
 
 
 class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
+    """At most MAX_REDIRECTS redirects, and only to http(s) (never ftp:// or file://)."""
+
     max_redirections = MAX_REDIRECTS
     max_repeats = 2
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        scheme = urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValidationError(
+                f"{redact(req.full_url)} redirects to a {scheme or 'relative'}:// URL; only "
+                "http(s) redirects are followed"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def _http_status_error(url: str, e: urllib.error.HTTPError) -> TrimsError:
@@ -197,7 +216,11 @@ def _fetch_s3(
     if not bucket or not key:
         raise ValidationError(f"{url} is not an S3 object URL: use s3://BUCKET/KEY")
     shown = f"s3://{bucket}/{key}"
-    config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 3})
+    config = Config(
+        connect_timeout=timeout,
+        read_timeout=timeout,
+        retries={"max_attempts": 2, "mode": "standard"},
+    )
     try:
         client = boto3.client("s3", endpoint_url=endpoint, config=config)
         response = client.get_object(Bucket=bucket, Key=key)

@@ -16,18 +16,24 @@ before a blob is served. Several models may share one blob when their layouts ar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from trims.config import format_size
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
-from trims.layout import Manifest, sha256_stream, validate_digest
+from trims.layout import Manifest, validate_digest
 
 log = logging.getLogger(__name__)
+
+#: Progress callback: (stage, done_bytes, total_bytes or None).
+Progress = Callable[[str, int, int | None], None]
+CHUNK = 8 << 20
 
 
 def fsync_dir(path: Path) -> None:
@@ -39,9 +45,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _file_digest(path: Path, size: int) -> str:
+def _file_digest(path: Path, size: int, progress: Progress | None = None) -> str:
+    """sha256 of the first ``size`` bytes of ``path``, reporting stage "verify"."""
+    h = hashlib.sha256()
+    done = 0
     with open(path, "rb") as f:
-        return sha256_stream(f, size)
+        while done < size:
+            chunk = f.read(min(CHUNK, size - done))
+            if not chunk:
+                raise CorruptModel(
+                    f"{path.name} is truncated: {size - done} of {size} bytes missing"
+                )
+            h.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress("verify", done, size)
+    return h.hexdigest()
 
 
 class DiskTier:
@@ -90,7 +109,7 @@ class DiskTier:
         with self._lock:
             return sorted(self._sizes)
 
-    def commit(self, temp: Path, manifest: Manifest) -> None:
+    def commit(self, temp: Path, manifest: Manifest, progress: Progress | None = None) -> None:
         """Verify ``temp`` against ``manifest`` and move it into place; idempotent.
 
         CorruptModel (and ``temp`` removed) when its size or sha256 does not match;
@@ -104,7 +123,7 @@ class DiskTier:
                     f"layout of {manifest.name}:{manifest.version} has {size} bytes, its "
                     f"manifest says {manifest.total_bytes}; it was not stored"
                 )
-            actual = _file_digest(temp, size)
+            actual = _file_digest(temp, size, progress)
             if actual != digest:
                 raise CorruptModel(
                     f"layout of {manifest.name}:{manifest.version} has sha256 {actual}, its "

@@ -24,6 +24,11 @@ from trims.errors import (
 )
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 class _FileServer(ThreadingHTTPServer):
@@ -50,7 +55,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path.startswith("/redirect/"):
             self.send_response(302)
-            self.send_header("Location", path.removeprefix("/redirect"))
+            target = path.removeprefix("/redirect")
+            self.send_header("Location", "ftp://127.0.0.1/m.bin" if target == "/ftp" else target)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -82,13 +88,16 @@ class _Handler(BaseHTTPRequestHandler):
 def serve_files(files: dict[str, bytes], *, cut: bool = False) -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 (port 0) serving ``files``; yields its base URL.
 
-    ``/status/<code>`` answers that status, ``/redirect/<path>`` redirects to ``<path>``,
+    ``/status/<code>`` answers that status, ``/redirect/<path>`` redirects to ``<path>``
+    (``/redirect/ftp`` to an ftp:// URL),
     ``/chunked/<path>`` sends without Content-Length; ``cut`` sends half of each body and
     closes the connection.
     """
     server = _FileServer(("127.0.0.1", 0), _Handler)
     server.files, server.cut = files, cut
-    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, args=(0.05,), name="test-http", daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -146,6 +155,13 @@ def test_http_errors_are_translated(tmp_path: Path, route: str, error: type[Exce
     assert not dest.exists()
 
 
+def test_redirect_to_ftp_is_refused(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    with serve_files({}) as base, pytest.raises(ValidationError, match="only http"):
+        _fetch(base + "/redirect/ftp", dest)
+    assert not dest.exists()
+
+
 def test_connection_cut_mid_body(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     with serve_files({"/m.bin": PAYLOAD}, cut=True) as base, pytest.raises(CorruptModel):
@@ -186,30 +202,39 @@ def test_existing_destination_is_kept(tmp_path: Path) -> None:
     assert dest.read_bytes() == b"mine"
 
 
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
-    """A real moto S3 server on 127.0.0.1 with bucket ``models``; yields (endpoint, client)."""
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """A real moto S3 server on 127.0.0.1 for this module; yields its endpoint URL."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("boto3")
     from moto.server import ThreadedMotoServer
 
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in CREDENTIALS.items():
+            mp.setenv(key, value)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
+    """A fresh bucket ``models`` on the module's S3 server; yields (endpoint, client)."""
+    import boto3
+
+    for key, value in CREDENTIALS.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket="models")
-        yield endpoint, client
-    finally:
-        server.stop()
+    client = boto3.client("s3", endpoint_url=s3_server)
+    client.create_bucket(Bucket="models")
+    yield s3_server, client
+    for item in client.list_objects_v2(Bucket="models").get("Contents", []):
+        client.delete_object(Bucket="models", Key=item["Key"])
+    client.delete_bucket(Bucket="models")
 
 
 def test_s3_download(tmp_path: Path, s3: tuple[str, Any]) -> None:
@@ -251,9 +276,8 @@ def test_s3_errors(
 
 def test_s3_endpoint_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("boto3")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

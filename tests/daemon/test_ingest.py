@@ -145,7 +145,7 @@ def test_http_source(disk: DiskTier, model_file: Path) -> None:
             disk,
             progress=lambda stage, done, total: stages.add(stage),
         )
-    assert stages == {"download", "convert"}
+    assert stages == {"download", "convert", "verify"}
     assert disk.contains(manifest.digest)
     assert not list((disk.root / "tmp").iterdir())
 
