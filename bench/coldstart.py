@@ -163,8 +163,8 @@ def main() -> int:
         for r in results
     ]  # fmt: skip
     print(markdown_table(["mode", "model MB", "median ms", "min ms", "max ms"], rows))
-    for mb, s in speedups.items():
-        print(f"\nstore_zygote vs no_store at {mb} MB: {s:.1f}x faster ({where})")
+    for size, speedup in speedups.items():
+        print(f"\nstore_zygote vs no_store at {size} MB: {speedup:.1f}x faster ({where})")
     return 0
 
 
