@@ -178,8 +178,10 @@ class Connection:
             raise
         except Exception as e:
             log.exception("request %r of pid %d failed", message.get("op"), self.caller.peer.pid)
+            # Only the store's owner sees the cause: it may name host paths.
+            cause = f": {e}" if self.caller.admin else ""
             raise TrimsError(
-                f"internal error in {message.get('op')!r}: {e}; see the daemon log"
+                f"internal error in {message.get('op')!r}{cause}; see the daemon log"
             ) from e
 
     def _progress(self, rid: int, pending: list[asyncio.Task[None]]) -> Progress:

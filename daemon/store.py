@@ -140,9 +140,21 @@ class Store:
                 return r
         raise NotFound(f"model {name} has no version with digest {digest[:12]}")
 
-    def _manifest(self, record: ModelRecord) -> Manifest:
+    async def _manifest(self, record: ModelRecord) -> Manifest:
+        """The record's manifest (fetching the layout again if its disk copy is gone)."""
+        m = self._known_manifest(record)
+        if m is None:
+            await self.res.ensure_disk(record)
+            m = self._known_manifest(record)
+            assert m is not None
+        return m
+
+    def _known_manifest(self, record: ModelRecord) -> Manifest | None:
+        """The manifest from the cache or the disk tier, named as the record; None if neither."""
         m = self._manifests.get(record.digest)
         if m is None:
+            if not self.res.disk.contains(record.digest):
+                return None
             m = self.res.disk.manifest(record.digest)
             self._manifests[record.digest] = m
         return dataclasses.replace(m, name=record.name, version=record.version)
@@ -168,8 +180,9 @@ class Store:
         if admin:
             d["source"] = r.source
             d["access"] = r.access.to_dict()
-        if tensors and self.res.disk.contains(r.digest):
-            d["manifest"] = self._manifest(r).to_dict()
+        manifest = self._known_manifest(r) if tensors else None
+        if manifest is not None:
+            d["manifest"] = manifest.to_dict()
         return d
 
     # ---- operations -----------------------------------------------------------------------
@@ -208,11 +221,12 @@ class Store:
                     f"uid {caller.peer.uid} / gid {caller.peer.gid} may not acquire model "
                     f"{record.key}; ask the store's owner to add you to its access list"
                 )
-            await self.res.ensure_disk(record)
+            manifest = await self._manifest(record)
             disk_copy = self.res.disk_ledger.residents.get(record.digest)
             if disk_copy is not None:
                 disk_copy.touch()
             if tier == "disk":
+                await self.res.ensure_disk(record)
                 await self.res.verify_disk(record)
                 try:
                     fd = os.open(self.res.disk.path(record.digest), os.O_RDONLY | os.O_CLOEXEC)
@@ -238,7 +252,7 @@ class Store:
                 {
                     "lease": lease.id,
                     "tier": tier,
-                    "manifest": self._manifest(record).to_dict(),
+                    "manifest": manifest.to_dict(),
                     "handle": handle,
                 },
                 fds,
