@@ -2,8 +2,8 @@
 
 ``python -m tests.daemon.holder SOCKET NAME`` prints one JSON line after mapping, then for each
 stdin line answers one JSON line: ``read`` (the float32 values of tensor ``w``), ``write V``
-(fill ``w`` with V in the private mapping, then read), ``maps`` (the inode of the mapping from
-/proc/self/maps), ``exit``.
+(fill ``w`` with V in the private mapping, then read), ``maps`` (the memfd's inode and shared
+resident kB from /proc/self/smaps), ``exit``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,23 @@ import sys
 import numpy as np
 
 from tests.daemon.rawclient import RawClient
+
+
+def _memfd_mappings() -> dict[str, object]:
+    """Inodes of the trims memfds this process maps, and their shared resident kB (smaps)."""
+    inodes: set[str] = set()
+    shared_kb = 0
+    current = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                current = "memfd:trims" in line
+                if current:
+                    inodes.add(fields[4])
+            elif current and fields[0] in ("Shared_Clean:", "Shared_Dirty:"):
+                shared_kb += int(fields[1])
+    return {"inodes": sorted(inodes), "shared_kb": shared_kb}
 
 
 def main() -> int:
@@ -34,9 +51,7 @@ def main() -> int:
         if command[0] == "write":
             w[:] = float(command[1])
         if command[0] == "maps":
-            with open("/proc/self/maps") as f:
-                inodes = sorted({ln.split()[4] for ln in f if "memfd:trims" in ln})
-            say(inodes=inodes)
+            say(**_memfd_mappings())
             continue
         say(values=w.tolist())
     del w
