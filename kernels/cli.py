@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=5)
 
     p = sub.add_parser("klap", help="kernel launch aggregation on irregular nested parallelism")
-    common(p, backend=False)
+    common(p)
     p.add_argument("--rmat-scale", type=int, default=12, help="BFS/SSSP graph: 2^scale vertices")
     p.add_argument("--spmv-rows", type=int, default=4096)
     p.add_argument("--mandelbrot-size", type=int, default=256)
@@ -126,8 +126,14 @@ def _tcu(args: argparse.Namespace) -> dict[str, Any]:
 def _klap(args: argparse.Namespace) -> dict[str, Any]:
     from trims.kernels import klap_bench
 
-    settings = klap_bench.KlapSettings(args.rmat_scale, args.spmv_rows, args.mandelbrot_size,
-                                       args.tree_nodes, args.repeat)  # fmt: skip
+    settings = klap_bench.KlapSettings(
+        rmat_scale=args.rmat_scale,
+        spmv_rows=args.spmv_rows,
+        mandelbrot_size=args.mandelbrot_size,
+        tree_nodes=args.tree_nodes,
+        repeat=args.repeat,
+        backend=args.backend,
+    )
     rows_, summary = klap_bench.run(settings)
     rows = [r.to_dict() for r in rows_]
     print(markdown(rows, ("app", "variant", "launch_side", "seconds", "launches", "speedup",

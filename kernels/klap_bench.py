@@ -32,6 +32,7 @@ class KlapSettings:
     tree_nodes: int = 8192
     repeat: int = 3
     seed: int = 0
+    backend: str = "numpy"
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,25 @@ def _cases(s: KlapSettings) -> dict[str, tuple[Callable[[Launcher], Any], Any]]:
     }
 
 
-def _equal(a: Any, b: Any) -> bool:
+def results_equal(a: Any, b: Any) -> bool:
+    """Exact equality of app results (arrays, or tuples of arrays)."""
     if isinstance(a, tuple):
-        return all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return all(results_equal(x, y) for x, y in zip(a, b, strict=True))
     return bool(np.array_equal(a, b))
 
 
 def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
     """Rows per (app, variant) and the geometric-mean speedup per variant."""
-    rows: list[KlapRow] = []
+    if settings.backend == "cupy":
+        from trims.kernels import klap_gpu
+
+        rows = [KlapRow(**r) for r in klap_gpu.run(settings)]
+        for r in rows:
+            if not r.correct:
+                raise TrimsError(f"klap {r.app} under {r.variant} on the GPU differs from its "
+                                 "reference")  # fmt: skip
+        return rows, {v: geomean([r.speedup for r in rows if r.variant == v]) for v in VARIANTS}
+    rows = []
     for app, (fn, ref) in _cases(settings).items():
         base = 0.0
         for variant in VARIANTS:
@@ -90,7 +101,7 @@ def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
                 seconds=secs,
                 launches=launches,
                 speedup=base / secs,
-                correct=_equal(result, ref),
+                correct=results_equal(result, ref),
             )
             if not row.correct:
                 raise TrimsError(f"klap {app} under {variant} differs from its reference")

@@ -59,3 +59,13 @@ def test_transfer_gpu_modalities_run() -> None:
     names = {r[0] for r in rows}
     assert {"h2d-pinned", "d2h-pageable", "d2d", "zero-copy", "managed-demand"} <= names
     assert all(r[3] > 0 for r in rows)
+
+
+def test_klap_gpu_variants_equal_references() -> None:
+    from trims.kernels import klap_bench
+
+    settings = klap_bench.KlapSettings(rmat_scale=8, spmv_rows=300, tree_nodes=300, repeat=1,
+                                       backend="cupy")  # fmt: skip
+    rows, _ = klap_bench.run(settings)
+    assert {r.app for r in rows} == {"bfs", "sssp", "spmv", "tree"}
+    assert all(r.correct for r in rows)
