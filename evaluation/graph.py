@@ -53,7 +53,15 @@ def fold_constants(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    consts: dict[str, np.ndarray] = {}
+    for tensor in graph.initializer:
+        try:
+            consts[tensor.name] = numpy_helper.to_array(tensor)
+        except Exception as e:
+            raise CorruptModel(
+                f"model {name!r}: initializer {tensor.name!r} (dims {list(tensor.dims)}) does "
+                f"not hold the data its shape promises: {e}"
+            ) from e
     keep: list[onnx.NodeProto] = []
     folded = 0
     for node in graph.node:

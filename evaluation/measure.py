@@ -3,7 +3,9 @@
 The summary is the 20% trimmed mean (drop the fastest and slowest 20%, average the rest), which
 ignores both lucky cache-warm outliers and scheduler hiccups on a shared machine. "Stable" means
 the 95% confidence half-width of the median (1.57 * IQR / sqrt(n), the notch rule) is below
-``rel_tol`` of the median.
+``rel_tol`` of the median or below ``abs_tol_ms``, whichever is larger: a 0.1 ms layer does not
+need 2% precision (2 us) to estimate a model of tens of milliseconds, and chasing it would
+spend its whole time budget on noise.
 
 Clock. On a shared machine a run is often preempted, and a 20 ms model run is preempted far
 more often than a 0.2 ms layer run, which biases every whole-vs-parts comparison. With one
@@ -36,6 +38,8 @@ class MeasureSettings:
     max_time_s: float = 1.0
     #: stop once the median's 95% confidence half-width is below this fraction of it
     rel_tol: float = 0.02
+    #: ...or below this many milliseconds
+    abs_tol_ms: float = 0.02
     #: fraction dropped at each end for the trimmed mean
     trim: float = 0.2
     #: "thread" (CPU time of the calling thread) or "wall" (perf_counter)
@@ -72,11 +76,10 @@ def trimmed_mean(samples: list[float] | np.ndarray, trim: float = 0.2) -> float:
     return float(kept.mean())
 
 
-def _stable(samples: list[float], rel_tol: float) -> bool:
+def _stable(samples: list[float], rel_tol: float, abs_tol_s: float) -> bool:
     q1, median, q3 = np.percentile(samples, [25, 50, 75])
-    if median <= 0:
-        return True
-    return bool(1.57 * (q3 - q1) / math.sqrt(len(samples)) <= rel_tol * median)
+    half_width = 1.57 * (q3 - q1) / math.sqrt(len(samples))
+    return bool(half_width <= max(rel_tol * median, abs_tol_s))
 
 
 def summarize(samples_s: list[float], elapsed_s: float, trim: float = 0.2) -> Measurement:
@@ -108,6 +111,6 @@ def measure(fn: Callable[[], object], settings: MeasureSettings | None = None) -
         samples.append(t1 - t0)
         if len(samples) < s.min_reps:
             continue
-        if t1 - start >= s.max_time_s or _stable(samples, s.rel_tol):
+        if t1 - start >= s.max_time_s or _stable(samples, s.rel_tol, s.abs_tol_ms / 1e3):
             break
     return summarize(samples, clock() - start, s.trim)

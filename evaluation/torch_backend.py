@@ -158,12 +158,11 @@ def _ops() -> dict[str, Op]:
     }
 
 
-def runner(model: onnx.ModelProto, threads: int, name: str) -> Callable[[], object]:
-    """A callable that runs ``model`` once in eager PyTorch on fixed random inputs."""
+def interpreter(model: onnx.ModelProto, name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A function from input tensors to all tensors, running the graph node by node."""
     import torch
     from onnx import helper, numpy_helper
 
-    torch.set_num_threads(threads)
     ops = _ops()
     graph = model.graph
     for index, node in enumerate(graph.node):
@@ -172,11 +171,9 @@ def runner(model: onnx.ModelProto, threads: int, name: str) -> Callable[[], obje
                 f"model {name!r}: node {node.name or index!r} op {node.op_type!r} has no PyTorch "
                 f"mapping; supported: {', '.join(sorted(ops))}"
             )
-    env: dict[str, Any] = {
+    weights: dict[str, Any] = {
         t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in graph.initializer
     }
-    for key, value in random_inputs(model).items():
-        env[key] = torch.from_numpy(value)
     plan = [
         (
             ops[node.op_type],
@@ -187,13 +184,33 @@ def runner(model: onnx.ModelProto, threads: int, name: str) -> Callable[[], obje
         for node in graph.node
     ]
 
-    def run_once() -> object:
-        values = dict(env)
+    def run(inputs: dict[str, Any]) -> dict[str, Any]:
+        values = {**weights, **inputs}
         with torch.inference_mode():
-            for fn, inputs, outputs, attrs in plan:
-                results = fn([values[i] for i in inputs if i], attrs)
+            for fn, names, outputs, attrs in plan:
+                results = fn([values[i] for i in names if i], attrs)
                 for key, value in zip(outputs, results, strict=False):
                     values[key] = value
-        return None
+        return values
 
-    return run_once
+    return run
+
+
+def runner(model: onnx.ModelProto, threads: int, name: str) -> Callable[[], object]:
+    """A callable that runs ``model`` once in eager PyTorch on fixed random inputs."""
+    import torch
+
+    torch.set_num_threads(threads)
+    run = interpreter(model, name)
+    feeds = {k: torch.from_numpy(v) for k, v in random_inputs(model).items()}
+    return lambda: run(feeds)
+
+
+def run_outputs(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: str
+) -> list[np.ndarray]:
+    """Run ``model`` once on ``feeds`` and return its graph outputs as NumPy arrays."""
+    import torch
+
+    values = interpreter(model, name)({k: torch.from_numpy(v) for k, v in feeds.items()})
+    return [values[o.name].numpy() for o in model.graph.output]

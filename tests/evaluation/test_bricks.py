@@ -1,0 +1,80 @@
+"""Cut points, decomposition, deduplication and reassembly of bricks."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from tests.evaluation import graphs
+from trims.evaluation import bricks, graph, ir, ort_backend
+
+
+def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
+    return ir.build(graph.prepare(model, name, 1), name, 1)
+
+
+def test_cut_points_fall_between_residual_blocks() -> None:
+    m = _ir(graphs.residual(blocks=2), "res")
+    # layers: 0 stem | 1..4 block 0 | 5 relu | 6..9 block 1 | 10 relu | 11 gap;
+    # inside a block the skip connection is live too, so there is no cut
+    assert bricks.cut_points(m) == [0, 4, 5, 9, 10]
+    assert bricks.segments(m) == [[0], [1, 2, 3, 4], [5], [6, 7, 8, 9], [10], [11]]
+
+
+def test_granularity_groups_segments() -> None:
+    m = _ir(graphs.residual(blocks=2), "res")
+    assert [b.indices for b in bricks.decompose(m, 1)] == [
+        (0,), (1, 2, 3, 4), (5,), (6, 7, 8, 9), (10,), (11,)
+    ]
+    # G=12 could hold everything, but a segment starting with a Conv starts a new brick
+    assert [b.indices for b in bricks.decompose(m, 12)] == [
+        (0,), (1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)
+    ]
+
+
+def test_repeated_blocks_deduplicate_across_models() -> None:
+    a = _ir(graphs.residual(blocks=3), "a")
+    b = _ir(graphs.residual(blocks=4, name="b"), "b")
+    per = {m.name: bricks.decompose(m, 5) for m in (a, b)}
+    unique = bricks.unique_bricks(per)
+    # stem, one residual block, gap
+    assert len(unique) == 3
+    assert sum(len(v) for v in per.values()) == 5 + 6
+
+
+def test_bricks_reassemble_to_the_original_graph() -> None:
+    for model, name in [(graphs.residual(blocks=3), "res"), (graphs.conv_gemm(), "cg")]:
+        m = _ir(model, name)
+        parts = bricks.decompose(m, 3)
+        for part in parts:
+            onnx.checker.check_model(bricks.export(m, part))
+        composed = bricks.compose(m, parts)
+        onnx.checker.check_model(composed)
+        feeds = ort_backend.random_inputs(m.model, seed=7)
+        want = ort_backend.run_outputs(m.model, feeds, name)
+        got = ort_backend.run_outputs(composed, feeds, name)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_squeezenet_bricks_chain_and_reassemble() -> None:
+    m = ir.load_ir("squeezenet")
+    parts = bricks.decompose(m, 5)
+    assert sorted(i for b in parts for i in b.indices) == list(range(len(m.layers)))
+    for part in parts:
+        exported = bricks.export(m, part)
+        assert len(exported.graph.input) == 1 and len(exported.graph.output) == 1
+    feeds = ort_backend.random_inputs(m.model, seed=1)
+    want = ort_backend.run_outputs(m.model, feeds, "squeezenet")
+    got = ort_backend.run_outputs(bricks.compose(m, parts), feeds, "squeezenet")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-7)
+
+
+def test_reconstruct_subtracts_per_run_overhead() -> None:
+    m = _ir(graphs.residual(blocks=2), "res")
+    parts = bricks.decompose(m, 1)
+    times = {p.signature: 1.0 for p in parts}
+    times[parts[0].signature] = 2.0
+    # stem, residual block, relu, pooling
+    assert len({p.signature for p in parts}) == 4
+    # six bricks: 2 + 5 * 1 ms, each paid 0.1 ms of fixed cost the whole model pays once
+    assert abs(bricks.reconstruct(parts, times, 0.1) - (7.0 - 6 * 0.1 + 0.1)) < 1e-9
