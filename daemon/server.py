@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import errno
 import grp
 import itertools
 import logging
@@ -40,6 +39,8 @@ MAX_CONNECTIONS = 1024
 MAX_IN_FLIGHT = 64
 #: A peer that does not read its replies for this long is disconnected (seconds).
 SEND_TIMEOUT = 30.0
+#: Pause after a failed accept (e.g. out of descriptors) before trying again (seconds).
+ACCEPT_RETRY = 0.5
 #: Progress frames of one request are sent at most this often (seconds).
 PROGRESS_INTERVAL = 0.2
 
@@ -274,11 +275,14 @@ class Server:
             try:
                 sock, _ = await loop.sock_accept(listener)
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.error("cannot accept connections (%s); retrying in 0.5 s", e)
-                    await asyncio.sleep(0.5)
-                    continue
-                raise
+                log.error(
+                    "cannot accept a connection (%s); still serving the open ones, retrying "
+                    "in %.1f s",
+                    e,
+                    ACCEPT_RETRY,
+                )
+                await asyncio.sleep(ACCEPT_RETRY)
+                continue
             sock.setblocking(False)
             if len(self._connections) >= MAX_CONNECTIONS:
                 await self._refuse(sock)

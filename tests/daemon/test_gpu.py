@@ -45,7 +45,11 @@ def test_gpu_acquire_without_cuda_is_a_clear_error(
 def test_gpu_tier_exports_vmm_memory_another_process_reads(
     start_daemon: Callable[..., DaemonProcess],
 ) -> None:
-    from trims.daemon.tiers.gpu import CU_MEM_ACCESS_FLAGS_PROT_READ, CudaDriver
+    from trims.daemon.tiers.gpu import (
+        CU_MEM_ACCESS_FLAGS_PROT_READ,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        CudaDriver,
+    )
 
     daemon = start_daemon(models={"m": {"w": W}}, gpu_budget="1GiB")
     driver = CudaDriver.open()
@@ -62,7 +66,12 @@ def test_gpu_tier_exports_vmm_memory_another_process_reads(
         assert handle["kind"] == "cuda_vmm" and len(fds) == 1
         alloc = driver.import_fd(fds[0])
         os.close(fds[0])
-        ptr = driver.map(alloc, handle["alloc_size"], device, CU_MEM_ACCESS_FLAGS_PROT_READ)
+        try:  # read-only where the driver allows it
+            ptr = driver.map(alloc, handle["alloc_size"], device, CU_MEM_ACCESS_FLAGS_PROT_READ)
+        except TrimsError:
+            ptr = driver.map(
+                alloc, handle["alloc_size"], device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            )
         out = np.empty_like(W)
         driver.copy_to_host(out.ctypes.data_as(ctypes.c_void_p), ptr, W.nbytes)
         driver.unmap(ptr, handle["alloc_size"])
