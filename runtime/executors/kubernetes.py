@@ -36,7 +36,7 @@ from trims.runtime.executors.base import Instance, WorkerInstance
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
-from trims.config import format_size
+from trims.config import format_size, parse_size
 from trims.errors import (
     AlreadyExists,
     NotFound,
@@ -92,7 +92,7 @@ class KubernetesExecutorSettings:
     #: Node labels the daemon DaemonSet selects on; function pods select the same nodes.
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Labels of the daemon pods; a function pod requires one on its node (pod affinity).
-    daemon_labels: Mapping[str, str] = DAEMON_POD_LABELS
+    daemon_labels: Mapping[str, str] = field(default_factory=lambda: DAEMON_POD_LABELS)
     #: TCP port the worker listens on inside its pod.
     port: int = WORKER_PORT
     #: Memory added to ``resources.memory_bytes`` for the interpreter and frameworks.
@@ -131,11 +131,21 @@ class KubernetesExecutorSettings:
         ):
             if env.get(var):
                 kwargs[key] = env[var]
-        if env.get("TRIMS_K8S_STORE_GROUP"):
-            kwargs["store_group"] = int(env["TRIMS_K8S_STORE_GROUP"])
+        for key, var in (("store_group", "TRIMS_K8S_STORE_GROUP"), ("port", "TRIMS_K8S_PORT")):
+            if env.get(var):
+                kwargs[key] = _int_var(env, var)
+        if env.get("TRIMS_K8S_MEMORY_OVERHEAD"):
+            kwargs["memory_overhead_bytes"] = parse_size(env["TRIMS_K8S_MEMORY_OVERHEAD"])
         if env.get("TRIMS_K8S_NODE_SELECTOR"):
             kwargs["node_selector"] = _json_mapping(env["TRIMS_K8S_NODE_SELECTOR"])
         return cls(**kwargs)
+
+
+def _int_var(env: Mapping[str, str], var: str) -> int:
+    try:
+        return int(env[var])
+    except ValueError as e:
+        raise ValidationError(f"{var} must be an integer, got {env[var]!r}") from e
 
 
 def _json_mapping(text: str) -> Mapping[str, str]:

@@ -1,0 +1,180 @@
+"""The kubernetes executor's pods, checked against the official Kubernetes schemas.
+
+No cluster is reachable here: every Pod the executor would create is validated with
+kubernetes-validate (strict: unknown fields fail), and its scheduling, mounts and security
+settings are checked field by field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from trims.runtime.executors.kubernetes import (
+    CONTAINER_STORE_SOCKET,
+    DAEMON_POD_LABELS,
+    LABEL_EXECUTOR,
+    LABEL_FUNCTION,
+    KubernetesExecutorSettings,
+    describe_pod_end,
+    dns_name,
+    pod_manifest,
+)
+from trims.runtime.functions.spec import parse_spec
+
+from trims.errors import ValidationError
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+KUBE_VERSION = "1.30.0"
+
+SPECS: dict[str, dict[str, Any]] = {
+    "minimal": {"name": "echo", "handler": "handler:handler"},
+    "limits": {
+        "name": "resnet",
+        "image": "registry.example/resnet:1",
+        "handler": "handler:handler",
+        "resources": {"cpus": 1.5, "memory_bytes": 512 << 20, "gpus": 1},
+    },
+    "models_env": {
+        "name": "embed",
+        "handler": "handler:handler",
+        "code_dir": "/srv/code",
+        "models": [{"name": "minilm", "framework": "torch"}],
+        "env": {"OMP_NUM_THREADS": "1"},
+        "config": {"top_k": 5},
+    },
+}
+
+
+def validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_pod_is_valid_and_confined(case: str) -> None:
+    spec = parse_spec(SPECS[case])
+    settings = KubernetesExecutorSettings(node_selector={"trims.io/node": "true"})
+    pod = pod_manifest(spec, "Inst_1", settings, namespace="fns", executor_id="abc123")
+    validate(pod)
+
+    meta, pod_spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == dns_name("trims", spec.name, "Inst_1") == f"trims-{spec.name}-inst-1"
+    assert meta["labels"][LABEL_FUNCTION] == spec.name
+    assert meta["labels"][LABEL_EXECUTOR] == "abc123"
+    assert pod_spec["restartPolicy"] == "Never"
+    assert pod_spec["automountServiceAccountToken"] is False
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["runAsUser"] != 0
+    assert pod_spec["securityContext"]["supplementalGroups"] == [settings.store_group]
+    assert pod_spec.get("hostIPC") is not True and pod_spec.get("hostNetwork") is not True
+    (container,) = pod_spec["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["readOnlyRootFilesystem"] is True
+
+    # Scheduled only where a daemon runs, with the daemon's socket file (not its directory).
+    assert pod_spec["nodeSelector"] == {"trims.io/node": "true"}
+    (term,) = pod_spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["labelSelector"]["matchLabels"] == dict(DAEMON_POD_LABELS)
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    assert volumes["store-socket"]["hostPath"] == {"path": settings.store_socket, "type": "Socket"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["store-socket"] == CONTAINER_STORE_SOCKET
+
+    args = container["args"]
+    assert args[:3] == ["worker", "--listen", f"tcp:0.0.0.0:{settings.port}"]
+    spec_json = args[args.index("--spec-json") + 1]
+    assert parse_spec(json.loads(spec_json)) == spec
+    assert args[args.index("--instance-id") + 1] == "Inst_1"
+
+
+def test_resources_become_requests_and_limits() -> None:
+    spec = parse_spec(SPECS["limits"])
+    settings = KubernetesExecutorSettings(memory_overhead_bytes=256 << 20)
+    pod = pod_manifest(spec, "r1", settings, namespace="fns", executor_id="e")
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "registry.example/resnet:1"
+    assert container["resources"] == {
+        "requests": {"cpu": "1500m", "memory": "768Mi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "1500m", "memory": "768Mi", "nvidia.com/gpu": "1"},
+    }
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
+
+
+def test_settings_from_the_chart_environment() -> None:
+    settings = KubernetesExecutorSettings.from_env(
+        {
+            "TRIMS_K8S_NAMESPACE": "trims",
+            "TRIMS_K8S_IMAGE": "trims-runtime:1",
+            "TRIMS_K8S_STORE_SOCKET": "/run/x/store.sock",
+            "TRIMS_K8S_STORE_GROUP": "2000",
+            "TRIMS_K8S_NODE_SELECTOR": '{"trims.io/node": "true"}',
+            "TRIMS_K8S_PORT": "7171",
+            "TRIMS_K8S_MEMORY_OVERHEAD": "128Mi",
+        }
+    )
+    assert settings.namespace == "trims" and settings.image == "trims-runtime:1"
+    assert (settings.store_socket, settings.store_group, settings.port) == (
+        "/run/x/store.sock",
+        2000,
+        7171,
+    )
+    assert dict(settings.node_selector) == {"trims.io/node": "true"}
+    assert settings.memory_overhead_bytes == 128 << 20
+    with pytest.raises(ValidationError, match="TRIMS_K8S_NODE_SELECTOR"):
+        KubernetesExecutorSettings.from_env({"TRIMS_K8S_NODE_SELECTOR": "[1]"})
+    with pytest.raises(ValidationError, match="TRIMS_K8S_PORT"):
+        KubernetesExecutorSettings.from_env({"TRIMS_K8S_PORT": "http"})
+
+
+def _pod(state: dict[str, Any] | None, phase: str = "Running", **status: Any) -> dict[str, Any]:
+    statuses = [] if state is None else [{"name": "worker", "state": state}]
+    return {"status": {"phase": phase, "containerStatuses": statuses, **status}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        (_pod({"running": {}}), None),
+        (_pod(None, phase="Pending"), None),
+        (
+            _pod({"terminated": {"reason": "OOMKilled", "exitCode": 137}}, "Failed"),
+            "out of memory (container limit 64.0 MiB)",
+        ),
+        (_pod({"terminated": {"reason": "Error", "exitCode": 139}}, "Failed"), "killed by SIGSEGV"),
+        (
+            _pod({"terminated": {"exitCode": 113, "message": "init failed: no GPU"}}, "Failed"),
+            "init failed: no GPU",
+        ),
+        (
+            _pod(None, "Failed", reason="Evicted", message="node low on memory"),
+            "pod evicted: node low on memory",
+        ),
+        (_pod({"terminated": {"exitCode": 0}}, "Succeeded"), "exited with code 0"),
+    ],
+)
+def test_pod_end_in_words(pod: dict[str, Any], reason: str | None) -> None:
+    described = describe_pod_end(pod, memory_limit=64 << 20)
+    if reason is None:
+        assert described is None
+    else:
+        assert described is not None and described.startswith(reason)
+
+
+def test_names_are_dns_labels() -> None:
+    name = dns_name("trims", "A" * 80, "x_y")
+    assert len(name) <= 63 and name == name.lower() and "_" not in name
+    assert not name.endswith("-")
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValidationError, match="image_pull_policy"):
+        KubernetesExecutorSettings(image_pull_policy="Sometimes")
+    with pytest.raises(ValidationError, match="port"):
+        KubernetesExecutorSettings(port=0)
