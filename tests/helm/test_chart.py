@@ -136,8 +136,11 @@ def test_chart_ships_the_function_crd(chart: Any) -> None:
 
 
 def test_values_are_documented() -> None:
-    """Each top-level key in values.yaml has a comment above it."""
+    """Each top-level key in values.yaml has a comment above it (or above its group of keys)."""
     lines = (CHART / "values.yaml").read_text().splitlines()
     for i, line in enumerate(lines):
         if line and not line.startswith((" ", "#")):
-            assert lines[i - 1].startswith("#"), f"values.yaml: {line!r} has no comment"
+            j = i - 1
+            while j >= 0 and lines[j] and not lines[j].startswith((" ", "#")):
+                j -= 1
+            assert j >= 0 and lines[j].startswith("#"), f"values.yaml: {line!r} has no comment"
