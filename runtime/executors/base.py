@@ -168,9 +168,9 @@ class WorkerInstance(Instance):
         self, kind: Kind, meta: Mapping[str, Any] | None, body: bytes, timeout: float
     ) -> Any:
         conn = self._conn
+        if self.exit_reason is not None:
+            raise self._died(self.exit_reason)
         if conn is None or not self._ready:
-            if self.exit_reason is not None:
-                raise self._died(self.exit_reason)
             raise Unavailable(f"instance {self.id} of {self.function} is not ready")
         try:
             frame = await conn.request(kind, meta, body, timeout)

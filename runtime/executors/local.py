@@ -101,6 +101,7 @@ def _log_tail(path: Path, prefix: str) -> str:
 
 class LocalInstance(WorkerInstance):
     exit_reason: str | None
+
     def __init__(
         self, instance_id: str, spec: FunctionSpec, process: _Process, socket_path: Path,
         log_path: Path,
@@ -189,6 +190,11 @@ class LocalExecutor:
         return self._state_dir
 
     @property
+    def zygote_pid(self) -> int | None:
+        """The running zygote's pid (None before the first start or with zygote=False)."""
+        return self._zygote.process.pid if self._zygote is not None else None
+
+    @property
     def instances(self) -> Sequence[Instance]:
         return tuple(self._instances.values())
 
@@ -259,9 +265,12 @@ class LocalExecutor:
         return instance
 
     async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
+        """Idempotent: stopping an instance that already ended only cleans up after it."""
         local = self._instances.pop(instance.id, None)
         if local is None:
-            raise NotFound(f"instance {instance.id} is not managed by this local executor")
+            if not isinstance(instance, LocalInstance):
+                raise NotFound(f"instance {instance.id} is not managed by this local executor")
+            local = instance
         await local.terminate(grace_s)
 
     async def close(self) -> None:

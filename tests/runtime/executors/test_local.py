@@ -421,3 +421,25 @@ async def test_missing_model_fails_init_with_the_reason(
     instance = await executor.start(spec, "ghost-1")
     with pytest.raises(UpstreamError, match="ghost"):
         await instance.wait_ready(30)
+
+
+async def test_a_dead_zygote_takes_its_workers_and_is_replaced(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    executor = local_executor()
+    spec = make_function(ECHO)
+    first = await executor.start(spec, "first")
+    await first.wait_ready(30)
+    zygote = executor.zygote_pid
+    assert zygote is not None
+    os.kill(zygote, signal.SIGKILL)
+    assert isinstance(first, LocalInstance)
+    assert await first.wait_exit_reason(30) == "killed by SIGKILL"
+    with pytest.raises(UpstreamError, match="died: killed by SIGKILL"):
+        await _invoke(first)
+    assert not first.alive()
+    second = await executor.start(spec, "second")
+    await second.wait_ready(30)
+    assert await _invoke(second, b"again") == b"again"
+    assert executor.zygote_pid != zygote
+    await executor.stop(first)
