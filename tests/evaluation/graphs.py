@@ -12,8 +12,9 @@ def _weight(name: str, shape: tuple[int, ...], seed: int) -> onnx.TensorProto:
     return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
 
 
-def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[int],
-           name: str = "hand") -> onnx.ModelProto:
+def _model(
+    nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[int], name: str = "hand"
+) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         name,
@@ -29,11 +30,11 @@ def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], x: list[i
 def conv_gemm() -> onnx.ModelProto:
     """x[1,3,8,8] -> Conv 4x3x3x3 pad 1 -> Relu -> MaxPool 2x2 -> Flatten -> Gemm 64->10."""
     nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
-                         name="conv"),
+        helper.make_node(
+            "Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv"
+        ),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2],
-                         name="pool"),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
         helper.make_node("Flatten", ["p"], ["f"], axis=1, name="flatten"),
         helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1, name="fc"),
     ]
@@ -53,16 +54,30 @@ def residual(blocks: int = 3, channels: int = 8, name: str = "residual") -> onnx
     for i in range(blocks):
         src, dst = f"h{i}", f"h{i + 1}"
         nodes += [
-            helper.make_node("Conv", [src, f"wa{i}"], [f"a{i}"], kernel_shape=[3, 3],
-                             pads=[1, 1, 1, 1], name=f"b{i}_conv_a"),
+            helper.make_node(
+                "Conv",
+                [src, f"wa{i}"],
+                [f"a{i}"],
+                kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1],
+                name=f"b{i}_conv_a",
+            ),
             helper.make_node("Relu", [f"a{i}"], [f"ar{i}"], name=f"b{i}_relu_a"),
-            helper.make_node("Conv", [f"ar{i}", f"wb{i}"], [f"b{i}"], kernel_shape=[3, 3],
-                             pads=[1, 1, 1, 1], name=f"b{i}_conv_b"),
+            helper.make_node(
+                "Conv",
+                [f"ar{i}", f"wb{i}"],
+                [f"b{i}"],
+                kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1],
+                name=f"b{i}_conv_b",
+            ),
             helper.make_node("Add", [f"b{i}", src], [f"s{i}"], name=f"b{i}_add"),
             helper.make_node("Relu", [f"s{i}"], [dst], name=f"b{i}_relu"),
         ]
-        inits += [_weight(f"wa{i}", (channels, channels, 3, 3), 10 + i),
-                  _weight(f"wb{i}", (channels, channels, 3, 3), 20 + i)]
+        inits += [
+            _weight(f"wa{i}", (channels, channels, 3, 3), 10 + i),
+            _weight(f"wb{i}", (channels, channels, 3, 3), 20 + i),
+        ]
     nodes.append(helper.make_node("GlobalAveragePool", [f"h{blocks}"], ["y"], name="gap"))
     return _model(nodes, inits, [1, 3, 16, 16], name)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from trims.evaluation.analyzer import critical_path
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from trims.evaluation import bricks, graph, ir, ort_backend
 
 from tests.evaluation import graphs
-from trims.evaluation import bricks, graph, ir, ort_backend
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
@@ -24,11 +24,18 @@ def test_cut_points_fall_between_residual_blocks() -> None:
 def test_granularity_groups_segments() -> None:
     m = _ir(graphs.residual(blocks=2), "res")
     assert [b.indices for b in bricks.decompose(m, 1)] == [
-        (0,), (1, 2, 3, 4), (5,), (6, 7, 8, 9), (10,), (11,)
+        (0,),
+        (1, 2, 3, 4),
+        (5,),
+        (6, 7, 8, 9),
+        (10,),
+        (11,),
     ]
     # G=12 could hold everything, but a segment starting with a Conv starts a new brick
     assert [b.indices for b in bricks.decompose(m, 12)] == [
-        (0,), (1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)
+        (0,),
+        (1, 2, 3, 4, 5),
+        (6, 7, 8, 9, 10, 11),
     ]
 
 

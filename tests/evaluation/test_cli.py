@@ -1,0 +1,69 @@
+"""`trims analyze` end to end on small models, through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tests.evaluation import graphs
+from trims.cli import main
+
+FAST = ["--max-time", "0.05", "--min-reps", "3", "--no-progress"]
+
+
+def test_layers_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "res.onnx"
+    onnx.save(graphs.residual(2), str(path))
+    out = tmp_path / "layers.json"
+    assert main(["analyze", "layers", "--models", f"{path},squeezenet", "--json", str(out)]) == 0
+    body = json.loads(out.read_text())
+    assert [m["name"] for m in body["models"]] == ["res", "squeezenet"]
+    assert body["models"][0]["layers"][0]["output_shapes"] == [[1, 8, 16, 16]]
+    assert "unique layer configurations" in capsys.readouterr().out
+
+
+def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    onnx.save(graphs.residual(2), str(a))
+    onnx.save(graphs.conv_gemm(), str(b))
+    common = ["--models", f"{a},{b}", "--db", str(tmp_path / "r.sqlite"), *FAST]
+    lb = tmp_path / "lb.json"
+    assert main(["analyze", "lowerbound", *common, "--json", str(lb)]) == 0
+    models = json.loads(lb.read_text())["models"]
+    assert [m["name"] for m in models] == ["a", "b"]
+    for m in models:
+        assert 0 <= m["parallel_lb_ms"] <= m["sequential_lb_ms"]
+        assert m["measured_ms"] > 0
+    br = tmp_path / "bricks.json"
+    assert (
+        main(
+            [
+                "analyze",
+                "bricks",
+                *common,
+                "--granularity",
+                "1,5",
+                "--json",
+                str(br),
+                "--plots",
+                str(tmp_path / "img"),
+            ]
+        )
+        == 0
+    )
+    body = json.loads(br.read_text())
+    assert {"models", "time_whole_s", "time_bricks_s"} <= set(body)
+    assert {"name", "measured_ms", "estimated_ms", "error_pct"} <= set(body["models"][0])
+    assert [g["granularity"] for g in body["by_granularity"]] == [1, 5]
+    assert (tmp_path / "img" / "bricks_error.png").stat().st_size > 0
+
+
+def test_bad_model_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "weird.onnx"
+    onnx.save(graphs.with_op("Hardmax"), str(path))
+    assert main(["analyze", "layers", "--models", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "weird" in err and "odd_node" in err

@@ -1,0 +1,73 @@
+"""Results database round trip, versioning, and skip-if-measured through the bencher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trims.evaluation import graph, ir
+from trims.evaluation.db import ResultKey, ResultsDB
+from trims.evaluation.generator import Bencher, layer_benchmarks
+from trims.evaluation.measure import Measurement, MeasureSettings
+
+from tests.evaluation import graphs
+from trims.errors import ValidationError
+
+KEY = ResultKey("cpu x2", "onnxruntime", "1.0", "layer", "abc", 1, "opt=all,threads=1")
+FAST = MeasureSettings(warmup=1, min_reps=3, max_reps=5, max_time_s=0.2)
+
+
+def test_round_trip_and_replace(tmp_path: Path) -> None:
+    db = ResultsDB(str(tmp_path / "r.sqlite"))
+    try:
+        assert db.get(KEY) is None
+        first = Measurement(1.5, 1.4, 0.1, 1.2, 10, 0.3)
+        db.put(KEY, first, "label")
+        assert db.get(KEY) == first
+        assert db.get(ResultKey(**{**KEY.__dict__, "batch": 2})) is None
+        second = Measurement(2.0, 2.0, 0.0, 2.0, 3, 0.1)
+        db.put(KEY, second)
+        assert db.get(KEY) == second
+        assert db.count() == 1
+    finally:
+        db.close()
+    reopened = ResultsDB(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    try:
+        assert reopened.get(KEY) == second
+    finally:
+        reopened.close()
+
+
+def test_other_schema_version_is_refused(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    path = tmp_path / "old.sqlite"
+    ResultsDB(str(path)).close()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE meta SET value = '99' WHERE key = 'schema'"))
+    engine.dispose()
+    with pytest.raises(ValidationError, match="schema version 99"):
+        ResultsDB(str(path))
+
+
+def test_bencher_skips_what_is_measured_unless_forced(tmp_path: Path) -> None:
+    model = ir.build(graph.prepare(graphs.conv_gemm(), "cg"), "cg")
+    benches = layer_benchmarks([model])
+    assert len(benches) == len(model.layers)
+    db = ResultsDB(str(tmp_path / "b.sqlite"))
+    try:
+        bencher = Bencher(db, "onnxruntime", "opt=all,threads=1", 1, FAST)
+        first = [bencher.run(b) for b in benches]
+        assert all(r.fresh for r in first)
+        assert db.count() == len(benches)
+        again = [bencher.run(b) for b in benches]
+        assert not any(r.fresh for r in again)
+        assert [r.measurement for r in again] == [r.measurement for r in first]
+        forced = Bencher(db, "onnxruntime", "opt=all,threads=1", 1, FAST, force=True)
+        assert forced.run(benches[0]).fresh
+        other = Bencher(db, "onnxruntime", "opt=disable,threads=1", 1, FAST)
+        assert other.run(benches[0]).fresh
+        assert db.count() == len(benches) + 1
+    finally:
+        db.close()
