@@ -8,8 +8,12 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trims.errors import ValidationError
+
+if TYPE_CHECKING:
+    from trims.runtime.worker.runner import WorkerSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def settings_from_args(args: argparse.Namespace) -> object:
+def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
     from trims.runtime.functions.spec import load_spec_file, parse_spec
     from trims.runtime.worker.runner import WorkerSettings
     from trims.runtime.worker.sandbox import Confinement
@@ -65,13 +69,11 @@ def settings_from_args(args: argparse.Namespace) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trims.runtime.worker.runner import WorkerSettings, run_worker
+    from trims.runtime.worker.runner import run_worker
 
     if args.log_level:
         os.environ["TRIMS_LOG_LEVEL"] = args.log_level
-    settings = settings_from_args(args)
-    assert isinstance(settings, WorkerSettings)
-    rc = run_worker(settings)
+    rc = run_worker(settings_from_args(args))
     # A hung sync handler thread would block interpreter shutdown: leave without joining it.
     sys.stdout.flush()
     sys.stderr.flush()

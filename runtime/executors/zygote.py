@@ -13,9 +13,11 @@ Protocol (newline-delimited JSON over a socketpair; the executor holds the other
 
 Invariants (see Note [fork safety]):
 
-* The zygote stays single-threaded and never runs framework code: imports only. OpenMP and
-  other thread pools that torch creates on first use do not survive ``fork``; a child that
-  inherited a half-initialised pool would deadlock on its first matmul.
+* The zygote never runs framework code: imports only. OpenMP and other thread pools that
+  torch creates on first use do not survive ``fork``; a child that inherited a half-initialised
+  pool would deadlock on its first matmul. (Importing numpy starts OpenBLAS's pool, which
+  re-initialises itself in the child through its ``pthread_atfork`` handlers; the zygote's
+  own loop is single-threaded.)
 * The zygote is the parent of every worker, so it reaps them (SIGCHLD -> ``waitpid``) and
   reports each exit status: there are no zombies, and a pid it signals is always its own live
   (or not yet reaped) child, never a recycled one.

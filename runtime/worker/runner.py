@@ -32,7 +32,7 @@ from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine
 from trims.runtime.worker.server import ListenAddress, WorkerServer
 
-from trims.errors import TrimsError, UpstreamError
+from trims.errors import TrimsError, UpstreamError, ValidationError
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("trims.worker")
@@ -114,11 +114,17 @@ class Worker:
         ) as span:
             try:
                 if frame.kind is Kind.INFER:
-                    assert code.infer is not None
+                    if code.infer is None:
+                        raise ValidationError(
+                            f"function {self.spec.name} serves no model: its module defines "
+                            "no infer(inputs, ctx)"
+                        )
                     inputs = decode_arrays(frame.body)
                     result = await self._call(code.infer, code.infer_is_async, inputs, ctx)
                     return {}, encode_arrays(check_outputs(self.spec.name, result))
-                request = Request(frame.body, MappingProxyType(frame.meta.get("h") or {}))
+                raw = frame.meta.get("h")
+                headers = {k.lower(): v for k, v in raw.items()} if raw else {}
+                request = Request(frame.body, MappingProxyType(headers))
                 result = await self._call(code.handler, code.handler_is_async, request, ctx)
                 status, headers, body = to_reply(self.spec.name, result)
                 return {"s": status, "h": headers} if headers or status != 200 else {}, body

@@ -46,6 +46,8 @@ async def test_echo_round_trip(
     assert (reply.status, reply.body) == (200, b"\x00hello\xff")
     assert reply.headers["content-type"] == "application/octet-stream"
     assert instance.alive() and instance.exit_reason is None
+    with pytest.raises(ValidationError, match="serves no model"):
+        await instance.infer({"x": np.zeros(1)}, timeout=30, trace={})
 
 
 async def test_init_runs_once_and_config_and_headers_reach_the_handler(
@@ -73,7 +75,7 @@ async def test_init_runs_once_and_config_and_headers_reach_the_handler(
     instance = await start_instance(spec)
     for i in range(3):
         reply = await instance.invoke(
-            json.dumps({"i": i}).encode(), {"content-type": "application/json"},
+            json.dumps({"i": i}).encode(), {"Content-Type": "application/json"},
             timeout=30, trace={},
         )  # fmt: skip
         assert reply.status == 201 and reply.headers["x-fn"] == "greeter"
