@@ -146,7 +146,9 @@ async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) ->
         raise _translate(action, e) from e
 
 
-def describe_container_exit(state: Mapping[str, Any], *, memory_limit: int | None, logs: str) -> str:
+def describe_container_exit(
+    state: Mapping[str, Any], *, memory_limit: int | None, logs: str
+) -> str:
     """A stopped container's ``State`` as a reason: 'out of memory ...', 'killed by SIGSEGV'."""
     if state.get("OOMKilled"):
         limit = f" (container limit {format_size(memory_limit)})" if memory_limit else ""
@@ -189,7 +191,10 @@ class DockerInstance(WorkerInstance):
         loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[None] = loop.create_future()
         self._waiter = threading.Thread(
-            target=self._wait_container, args=(loop,), name=f"docker-wait-{instance_id}", daemon=True
+            target=self._wait_container,
+            args=(loop,),
+            name=f"docker-wait-{instance_id}",
+            daemon=True,
         )
         self._waiter.start()
 
@@ -208,9 +213,7 @@ class DockerInstance(WorkerInstance):
             self.container.reload()
             self.state = dict(self.container.attrs.get("State", {}))
             logs = self.container.logs(tail=50).decode(errors="replace")
-            reason = describe_container_exit(
-                self.state, memory_limit=self.memory_limit, logs=logs
-            )
+            reason = describe_container_exit(self.state, memory_limit=self.memory_limit, logs=logs)
         except docker.errors.NotFound:
             reason = "container was removed"
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
@@ -324,7 +327,9 @@ class DockerExecutor:
             path.chmod(0o777)
         return path
 
-    def container_spec(self, spec: FunctionSpec, instance_id: str, socket_dir: Path) -> dict[str, Any]:
+    def container_spec(
+        self, spec: FunctionSpec, instance_id: str, socket_dir: Path
+    ) -> dict[str, Any]:
         """Keyword arguments for ``containers.create`` (pure: no engine call)."""
         import docker.types
 
@@ -365,7 +370,9 @@ class DockerExecutor:
             memory_limit = resources.memory_bytes + self.settings.memory_overhead_bytes
         device_requests = None
         if resources.gpus:
-            device_requests = [docker.types.DeviceRequest(count=resources.gpus, capabilities=[["gpu"]])]
+            device_requests = [
+                docker.types.DeviceRequest(count=resources.gpus, capabilities=[["gpu"]])
+            ]
         name = _NAME_RE.sub("-", f"trims-{spec.name}-{instance_id}")[:200]
         return {
             "image": spec.image or self.settings.image,

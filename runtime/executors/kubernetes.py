@@ -450,20 +450,22 @@ class KubernetesInstance(WorkerInstance):
         return self.exit_reason
 
     async def terminate(self, grace_s: float) -> None:
-        """Delete the pod (SIGTERM, the worker drains; SIGKILL after ``grace_s``)."""
-        if self.alive():
-            api = self._executor.core_api
-            try:
-                await _call(
-                    f"delete pod {self.pod_name}",
-                    api.delete_namespaced_pod,
-                    self.pod_name,
-                    self._executor.namespace,
-                    grace_period_seconds=int(grace_s),
-                )
-            except NotFound:
-                self._end("pod was deleted")
-            await asyncio.wait_for(asyncio.shield(self._ended), grace_s + 30.0)
+        """Delete the pod (SIGTERM, the worker drains; SIGKILL after ``grace_s``).
+
+        A pod that already ended is deleted too: failed pods otherwise stay in the API.
+        """
+        api = self._executor.core_api
+        try:
+            await _call(
+                f"delete pod {self.pod_name}",
+                api.delete_namespaced_pod,
+                self.pod_name,
+                self._executor.namespace,
+                grace_period_seconds=int(grace_s),
+            )
+        except NotFound:
+            self._end("pod was deleted")
+        await asyncio.wait_for(asyncio.shield(self._ended), grace_s + 30.0)
         self._watch.cancel()
         await self.close_connection()
 
@@ -471,8 +473,18 @@ class KubernetesInstance(WorkerInstance):
 class KubernetesExecutor:
     name = "kubernetes"
 
-    def __init__(self, settings: KubernetesExecutorSettings | None = None, **options: Any) -> None:
-        """No arguments: settings from ``TRIMS_K8S_*`` (see KubernetesExecutorSettings.from_env)."""
+    def __init__(
+        self,
+        settings: KubernetesExecutorSettings | None = None,
+        *,
+        api_client: Any = None,
+        **options: Any,
+    ) -> None:
+        """No arguments: settings from ``TRIMS_K8S_*`` (see KubernetesExecutorSettings.from_env).
+
+        ``api_client``: a configured ``kubernetes.client.ApiClient`` (default: in-cluster config,
+        else the kubeconfig).
+        """
         if settings is None:
             try:
                 settings = (
@@ -484,6 +496,7 @@ class KubernetesExecutor:
                 raise ValidationError(f"kubernetes executor: {e}") from e
         self.settings = settings
         self.id = uuid.uuid4().hex[:12]
+        self._api_client = api_client
         self._core: Any = None
         self._instances: dict[str, KubernetesInstance] = {}
         self._closed = False
@@ -496,6 +509,10 @@ class KubernetesExecutor:
     @property
     def core_api(self) -> Any:
         """The CoreV1Api, configured on first use (in-cluster, else the kubeconfig)."""
+        if self._core is None and self._api_client is not None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(self._api_client)
         if self._core is None:
             from kubernetes import client, config
 
@@ -554,9 +571,9 @@ class KubernetesExecutor:
             if isinstance(result, BaseException):
                 log.warning("pod %s of %s could not be deleted: %s",
                             instance.pod_name, instance.function, result)  # fmt: skip
-        if self._core is not None:
+        if self._core is not None and self._api_client is None:
             self._core.api_client.close()
-            self._core = None
+        self._core = None
 
 
 def _own_namespace() -> str:

@@ -173,7 +173,7 @@ async def test_missing_image_is_not_found_with_the_fix(
     docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
 ) -> None:
     executor = docker_executor(image="trims-no-such-image:never")
-    with pytest.raises(NotFound, match="build-image.sh"):
+    with pytest.raises(NotFound, match=r"build-image\.sh"):
         await executor.start(make_function(ECHO, name="ghost"), "ghost-1")
     assert executor.instances == ()
     filters = {"label": f"{LABEL_EXECUTOR}={executor.id}"}

@@ -8,6 +8,7 @@ settings are checked field by field.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,9 +22,9 @@ from trims.runtime.executors.kubernetes import (
     dns_name,
     pod_manifest,
 )
-from trims.runtime.functions.spec import parse_spec
+from trims.runtime.functions.spec import FunctionSpec, parse_spec
 
-from trims.errors import ValidationError
+from trims.errors import UpstreamError, ValidationError
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -178,3 +179,107 @@ def test_bad_settings_are_refused() -> None:
         KubernetesExecutorSettings(image_pull_policy="Sometimes")
     with pytest.raises(ValidationError, match="port"):
         KubernetesExecutorSettings(port=0)
+
+
+# -- the executor through the real kubernetes client, against tests/fixtures/kube_api.py ---------
+
+
+def _executor(kube_api: Any, **options: Any) -> Any:
+    from trims.runtime.executors.kubernetes import KubernetesExecutor
+
+    settings = KubernetesExecutorSettings(namespace="fns", port=_free_port(), **options)
+    return KubernetesExecutor(settings, api_client=kube_api.api_client())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_instance_runs_in_a_pod_answers_and_is_deleted(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor = _executor(kube_api)
+    spec = make_function(
+        """
+        import os
+
+        def handler(request, ctx):
+            return {"body": request.text(), "socket": os.environ["TRIMS_SOCKET"]}
+        """,
+        name="echo",
+    )
+    instance = await executor.start(spec, "echo-1")
+    await instance.wait_ready(60)
+    assert instance.address().startswith("tcp:127.0.0.")
+    reply = await instance.invoke(b"hi", {}, timeout=30, trace={})
+    assert json.loads(reply.body) == {"body": "hi", "socket": CONTAINER_STORE_SOCKET}
+    assert instance.alive()
+    created = kube_api.pods[("fns", "trims-echo-echo-1")].body
+    validate(created)
+    await executor.stop(instance, grace_s=5)
+    assert not instance.alive()
+    assert instance.exit_reason in ("pod was deleted", "exited with code 0")
+    assert kube_api.pods == {}
+    await executor.close()
+
+
+async def test_crashed_pod_reports_why(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor = _executor(kube_api)
+    spec = make_function(
+        """
+        import os, signal
+
+        def handler(request, ctx):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        """,
+        name="crash",
+    )
+    instance = await executor.start(spec, "crash-1")
+    await instance.wait_ready(60)
+    with pytest.raises(UpstreamError, match="crash-1 of crash died: killed by SIGSEGV"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    await executor.close()
+    assert kube_api.pods == {}
+
+
+async def test_init_failure_reaches_wait_ready(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor = _executor(kube_api)
+    spec = make_function(
+        """
+        def init(ctx):
+            raise RuntimeError("weights missing")
+
+        def handler(request, ctx):
+            return b""
+        """,
+        name="badinit",
+    )
+    instance = await executor.start(spec, "badinit-1")
+    with pytest.raises(UpstreamError, match="weights missing"):
+        await instance.wait_ready(60)
+    await executor.close()
+
+
+async def test_api_errors_become_trims_errors(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    from trims.errors import AlreadyExists, NotFound
+
+    executor = _executor(kube_api)
+    spec = make_function("def handler(request, ctx):\n    return b''\n", name="dup")
+    first = await executor.start(spec, "dup-1")
+    other = _executor(kube_api)
+    with pytest.raises(AlreadyExists, match="pod trims-dup-dup-1"):
+        await other.start(spec, "dup-1")
+    await executor.close()
+    with pytest.raises(NotFound):
+        await other.stop(first)
+    await other.close()
