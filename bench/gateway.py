@@ -24,7 +24,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import REPO, Process, machine, markdown_table, start_gateway, write_json
+from runtime_common import (
+    REPO,
+    Process,
+    cpu_seconds,
+    machine,
+    markdown_table,
+    start_gateway,
+    tree_pids,
+    write_json,
+)
 
 BODY = b"hello"
 
@@ -96,13 +105,21 @@ def loadgen(url: str, concurrency: int, seconds: float) -> None:
     print(json.dumps(uvloop.run(_load(url, concurrency, seconds, 1.0))))
 
 
-def measure(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
+def measure(url: str, concurrency: int, seconds: float, server_pid: int) -> dict[str, Any]:
+    """Load ``url``; also the CPU the server's process tree spent per request."""
+    pids = tree_pids(server_pid)
+    before = cpu_seconds(pids)
     out = subprocess.run(
         [sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
          "--seconds", str(seconds)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(out.stdout)
+    after = cpu_seconds(pids)
+    spent = sum(after[p] - before.get(p, 0.0) for p in after)
+    total = result["requests"] * (1 + 1 / seconds)  # the warm-up second is served too
+    result["server_cpu_ms_per_request"] = spent / total * 1e3 if total else None
+    return result
 
 
 def deploy_echo(url: str) -> None:
@@ -147,10 +164,10 @@ def main() -> int:
         )
         try:
             deploy_echo(url)
-            bare_result = measure(
-                f"http://127.0.0.1:{bare.match.group(1)}/", args.concurrency, args.seconds
-            )
-            echo_result = measure(f"{url}/v1/functions/echo/invoke", args.concurrency, args.seconds)
+            bare_url = f"http://127.0.0.1:{bare.match.group(1)}/"
+            bare_result = measure(bare_url, args.concurrency, args.seconds, bare.proc.pid)
+            echo_url = f"{url}/v1/functions/echo/invoke"
+            echo_result = measure(echo_url, args.concurrency, args.seconds, gateway.proc.pid)
         finally:
             gateway.stop()
             bare.stop()
@@ -162,32 +179,21 @@ def main() -> int:
         "bare_p50_ms": bare_result["p50_ms"],
         "bare_p99_ms": bare_result["p99_ms"],
         "ratio": echo_result["rps"] / bare_result["rps"],
+        "echo_cpu_ms_per_request": echo_result["server_cpu_ms_per_request"],
+        "bare_cpu_ms_per_request": bare_result["server_cpu_ms_per_request"],
         "errors": echo_result["errors"] + bare_result["errors"],
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "machine": where,
     }
     write_json(args.json, doc)
-    print(
-        markdown_table(
-            ["server", "req/s", "p50 ms", "p99 ms"],
-            [
-                [
-                    "echo via gateway",
-                    f"{doc['echo_rps']:.0f}",
-                    f"{doc['echo_p50_ms']:.2f}",
-                    f"{doc['echo_p99_ms']:.2f}",
-                ],
-                [
-                    "bare aiohttp",
-                    f"{doc['bare_rps']:.0f}",
-                    f"{doc['bare_p50_ms']:.2f}",
-                    f"{doc['bare_p99_ms']:.2f}",
-                ],
-            ],
-        )
-        + f"\n\necho / bare = {doc['ratio']:.2f} ({where})"
-    )
+    rows = [
+        [label, f"{doc[k + '_rps']:.0f}", f"{doc[k + '_p50_ms']:.2f}", f"{doc[k + '_p99_ms']:.2f}",
+         f"{doc[k + '_cpu_ms_per_request']:.3f}"]
+        for label, k in (("echo via gateway (gateway + worker)", "echo"), ("bare aiohttp", "bare"))
+    ]  # fmt: skip
+    table = markdown_table(["server", "req/s", "p50 ms", "p99 ms", "server CPU ms/request"], rows)
+    print(f"{table}\n\necho / bare = {doc['ratio']:.2f} ({where})")
     return 0
 
 

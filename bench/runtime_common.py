@@ -172,3 +172,38 @@ def pss_bytes(pid: int) -> int:
             if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its live descendants."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
+            except (OSError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(parents.get(pid, []))
+    return out
+
+
+def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU seconds used so far by each process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+    return out

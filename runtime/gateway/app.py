@@ -71,11 +71,9 @@ _OPENAPI = web.AppKey("trims.openapi", dict)
 
 
 def create_app(settings: GatewaySettings, executor_factory: ExecutorFactory) -> web.Application:
-    app = web.Application(
-        middlewares=[error_middleware, trace_middleware],
-        client_max_size=settings.max_body_bytes,
-    )
     gateway = Gateway(settings, executor_factory)
+    middlewares = [error_middleware, trace_middleware] if gateway.tracing else [error_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[GATEWAY] = gateway
     app[AUTH] = Authenticator(settings.tokens)
     app[_OPENAPI] = openapi_document()

@@ -53,6 +53,9 @@ class Gateway:
         self.invocations = Invocations(
             ttl_s=settings.invocation_ttl_s, capacity=settings.max_invocations
         )
+        #: Whether spans are recorded (an SDK tracer provider is installed); when not, the hot
+        #: path creates no spans and passes the caller's own trace context on to the worker.
+        self.tracing = tracing_enabled()
         self.draining = False
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -161,9 +164,14 @@ class Gateway:
         try:
 
             async def call(instance: Any, timeout: float) -> Outcome:
-                with tracer.start_as_current_span("invoke", attributes={"function": name}):
+                if self.tracing:
+                    with tracer.start_as_current_span("invoke", attributes={"function": name}):
+                        reply = await instance.invoke(
+                            body, passed, timeout=timeout, trace=inject_context()
+                        )
+                else:
                     reply = await instance.invoke(
-                        body, passed, timeout=timeout, trace=inject_context()
+                        body, passed, timeout=timeout, trace=_forwarded_trace(passed)
                     )
                 return Outcome(int(reply.status), dict(reply.headers), bytes(reply.body))
 
@@ -253,6 +261,22 @@ class Gateway:
 
     def _instance_counts(self) -> dict[str, dict[str, int]]:
         return {name: pool.counts() for name, pool in self.pools.items()}
+
+
+def tracing_enabled() -> bool:
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def _forwarded_trace(headers: Mapping[str, str]) -> Mapping[str, str]:
+    parent = headers.get("traceparent")
+    if parent is None:
+        return _NO_TRACE
+    state = headers.get("tracestate")
+    return {"traceparent": parent, "tracestate": state} if state else {"traceparent": parent}
+
+
+_NO_TRACE: Mapping[str, str] = {}
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
