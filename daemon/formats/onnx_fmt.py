@@ -12,14 +12,16 @@ serialized with each initializer's data externalized::
 so an ONNX Runtime adapter can supply the bytes from the mapping
 (``SessionOptions.add_external_initializers``) and no weight is ever stored twice. Each
 initializer is stripped right after it is written, so the model is never held twice in memory.
-Subgraph initializers (inside If/Loop bodies) stay embedded in the graph.
+Tensors elsewhere in the graph (Constant node attributes, initializers of If/Loop bodies) stay
+in the graph; when they use external data it is read and embedded, so the stored graph never
+refers to a file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +190,32 @@ def _externalize(tensor: onnx.TensorProto, entry: TensorEntry) -> None:
     tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
+def _nested_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Tensors held by node attributes and subgraphs (not the graph's own initializers)."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in [attr.g] if attr.HasField("g") else []:
+                yield from sub.initializer
+                yield from _nested_tensors(sub)
+            for sub in attr.graphs:
+                yield from sub.initializer
+                yield from _nested_tensors(sub)
+
+
+def _embed(source: Path, tensor: onnx.TensorProto, files: _ExternalFiles) -> None:
+    """Move a nested tensor's external data into the graph itself."""
+    import onnx
+
+    spec = _spec(source, tensor)
+    data = b"".join(bytes(c) for c in _external_chunks(source, tensor, spec, files))
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = data
+
+
 def convert_onnx(
     source: Path, dest: Path, *, name: str, version: str, progress: Progress | None
 ) -> Manifest:
@@ -202,6 +230,9 @@ def convert_onnx(
         LayoutWriter(dest, source=source, progress=progress, total_hint=total) as writer,
     ):
         files = _ExternalFiles(source, stack)
+        for nested in _nested_tensors(model.graph):
+            if nested.data_location == onnx.TensorProto.EXTERNAL:
+                _embed(source, nested, files)
         for tensor, spec in zip(initializers, specs, strict=True):
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 chunks: Iterable[Any] = _external_chunks(source, tensor, spec, files)

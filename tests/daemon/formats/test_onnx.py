@@ -142,6 +142,71 @@ def test_outputs_are_bit_identical_in_onnxruntime(tmp_path: Path, external: bool
     assert np.array_equal(session.run(None, {"x": x})[0], expected)
 
 
+def test_external_data_of_constants_and_subgraphs_is_embedded(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(8)
+    const = rng.standard_normal(4).astype(np.float32)
+    branch_init = rng.standard_normal(4).astype(np.float32)
+
+    def branch(name: str, op: str) -> Any:
+        return helper.make_graph(
+            [helper.make_node(op, ["h", f"{name}_k"], [f"{name}_out"])],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [4])],
+            [numpy_helper.from_array(branch_init, f"{name}_k")],
+        )
+
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(const)),
+        helper.make_node("Add", ["x", "c"], ["h"]),
+        helper.make_node(
+            "If",
+            ["flag"],
+            ["y"],
+            then_branch=branch("then", "Mul"),
+            else_branch=branch("else", "Sub"),
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    source = tmp_path / "model" / "m.onnx"
+    source.parent.mkdir()
+    onnx.save(
+        model,
+        source,
+        save_as_external_data=True,
+        location="m.weights",
+        size_threshold=0,
+        convert_attribute=True,
+    )
+    stored_outside = onnx.load(str(source), load_external_data=False)
+    branch0 = stored_outside.graph.node[2].attribute[0].g
+    assert stored_outside.graph.node[0].attribute[0].t.data_location == TensorProto.EXTERNAL
+    assert branch0.initializer[0].data_location == TensorProto.EXTERNAL
+
+    manifest = convert(source, tmp_path / "out", name="m", version="1")
+    assert manifest.names == ["__onnx_graph__"]
+    stored = _graph(tmp_path / "out", manifest)
+    assert stored.graph.node[0].attribute[0].t.data_location == TensorProto.DEFAULT
+    assert stored.graph.node[2].attribute[0].g.initializer[0].data_location == TensorProto.DEFAULT
+    reference = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    session = _session_from_layout(tmp_path / "out", manifest)
+    x = rng.standard_normal(4).astype(np.float32)
+    for flag in (True, False):
+        feed = {"x": x, "flag": np.array(flag)}
+        assert np.array_equal(session.run(None, feed)[0], reference.run(None, feed)[0])
+
+
 def test_real_models_from_the_onnx_wheel(tmp_path: Path) -> None:
     resnet = BACKEND_DATA / "light" / "light_resnet50.onnx"
     conv = BACKEND_DATA / "pytorch-converted" / "test_Conv2d_dilated"
