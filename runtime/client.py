@@ -60,6 +60,7 @@ class _Connection:
         self.sock: socket.socket | None = None
         #: Bumped on every (re)connect; leases remember the generation they came from.
         self.generation = 0
+        self.greeting: dict[str, Any] = {}
         self._next_id = 0
 
     def _unavailable(self, what: str, error: BaseException) -> Unavailable:
@@ -80,11 +81,19 @@ class _Connection:
         self.sock = sock
         self.generation += 1
         try:
-            self._exchange(sock, Op.HELLO, {"client": self.client_name}, None, self.timeout)
+            hello = self._exchange(sock, Op.HELLO, {"client": self.client_name}, None, self.timeout)
         except BaseException:
             self._drop()
             raise
+        self.greeting = hello[0]
         return sock
+
+    def ensure(self) -> dict[str, Any]:
+        """Connect now if not connected; the daemon's greeting."""
+        with self.lock:
+            if self.sock is None:
+                self._connect()
+            return self.greeting
 
     def _drop(self) -> None:
         if self.sock is not None:
@@ -116,7 +125,11 @@ class _Connection:
         progress: Progress | None,
         timeout: float,
     ) -> tuple[dict[str, Any], list[int]]:
-        """One request/response; any failure of the stream itself drops the connection."""
+        """One request/response; any failure of the stream itself drops the connection.
+
+        An error *reply* keeps the connection (and so this client's leases); a broken,
+        interrupted or out-of-step stream closes it, since the next frame could not be trusted.
+        """
         self._next_id += 1
         rid = self._next_id
         sock.settimeout(timeout)
@@ -127,35 +140,37 @@ class _Connection:
                 if message.get("id") != rid:
                     for fd in fds:
                         os.close(fd)
-                    self._drop()
                     raise ProtocolError(
                         f"the daemon at {self.path} answered request {message.get('id')!r} "
                         f"while {rid} was pending"
                     )
-                if "progress" in message:
-                    for fd in fds:
-                        os.close(fd)
-                    _report(progress, message["progress"])
-                    continue
-                if message.get("ok"):
-                    result = message.get("result")
-                    return (result if isinstance(result, dict) else {}), fds
+                if "progress" not in message:
+                    break
                 for fd in fds:
                     os.close(fd)
-                error = message.get("error")
-                raise error_from_dict(error if isinstance(error, dict) else {})
-        except ProtocolError:
-            self._drop()
-            raise
+                _report(progress, message["progress"])
         except TimeoutError as e:
             self._drop()
             raise TrimsTimeout(
                 f"the trims daemon at {self.path} did not answer {op} within {timeout:.0f} s; "
                 "check that it is healthy (`trims models ls`) or raise the client timeout"
             ) from e
+        except ProtocolError:
+            self._drop()
+            raise
         except (ConnectionError, OSError) as e:
             self._drop()
             raise self._unavailable(str(op), e) from e
+        except BaseException:
+            self._drop()
+            raise
+        if message.get("ok"):
+            result = message.get("result")
+            return (result if isinstance(result, dict) else {}), fds
+        for fd in fds:
+            os.close(fd)
+        error = message.get("error")
+        raise error_from_dict(error if isinstance(error, dict) else {})
 
 
 def _report(progress: Progress | None, body: Any) -> None:
@@ -273,8 +288,10 @@ class StoreClient:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def connect(self) -> dict[str, Any]:
-        """Say hello now (normally done on first use); returns the daemon's greeting."""
-        return self._call(Op.HELLO, {"client": self._store.client_name})
+        """Connect now (normally done on first use); returns the daemon's greeting."""
+        if self._closed:
+            raise Unavailable(f"this StoreClient for {self.socket_path} was closed; open a new one")
+        return self._store.ensure()
 
     def close(self) -> None:
         """Close both sockets; the daemon ends this client's leases. Mappings stay valid."""
