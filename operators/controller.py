@@ -167,19 +167,22 @@ class Operator:
             args: tuple[Any, ...] = (GROUP, VERSION, self.settings.namespace, PLURAL)
         else:
             fn, args = self.custom.list_cluster_custom_object, (GROUP, VERSION, PLURAL)
-        for event in w.stream(fn, *args, **kwargs):
-            kind, obj = event["type"], event["object"]
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise _Gone
-                log.warning("watch error: %s", obj.get("message"))
-                continue
-            version = str(obj["metadata"]["resourceVersion"])
-            if kind in ("ADDED", "MODIFIED"):
-                self._reconcile_quietly(obj)
-            if self.stop.is_set():
-                w.stop()
-                break
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            for event in w.stream(fn, *args, **kwargs):
+                kind, obj = event["type"], event["object"]
+                version = str(obj["metadata"]["resourceVersion"])
+                if kind in ("ADDED", "MODIFIED"):
+                    self._reconcile_quietly(obj)
+                if self.stop.is_set():
+                    w.stop()
+                    break
+        except ApiException as e:
+            # The client turns a watch ERROR event into an exception; 410: version too old.
+            if e.status == 410:
+                raise _Gone from e
+            raise
         return version
 
 
