@@ -6,8 +6,9 @@ Both servers run as their own processes and are loaded by the same load generato
 separate process (aiohttp on uvloop, keep-alive connections, ``--concurrency`` requests in
 flight, the first second discarded as warm-up). The echo function is ``examples/echo`` on the
 local executor: every request goes client -> gateway -> worker (Unix socket) -> gateway ->
-client, where the bare server answers directly. Writes ``{"echo_rps", "echo_p50_ms",
-"echo_p99_ms", "bare_rps", ...}`` and prints a markdown table.
+client, where the bare server answers directly. The pair is measured ``--repeat`` times,
+alternating, and medians are reported (the ratio is of the median rates). Writes
+``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", ...}`` and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,6 +146,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs; medians reported")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loadgen", metavar="URL", help=argparse.SUPPRESS)
@@ -165,27 +168,33 @@ def main() -> int:
         try:
             deploy_echo(url)
             bare_url = f"http://127.0.0.1:{bare.match.group(1)}/"
-            bare_result = measure(bare_url, args.concurrency, args.seconds, bare.proc.pid)
             echo_url = f"{url}/v1/functions/echo/invoke"
-            echo_result = measure(echo_url, args.concurrency, args.seconds, gateway.proc.pid)
+            pairs = []
+            for _ in range(args.repeat):  # alternate, so both see the same background load
+                b = measure(bare_url, args.concurrency, args.seconds, bare.proc.pid)
+                e = measure(echo_url, args.concurrency, args.seconds, gateway.proc.pid)
+                pairs.append((e, b))
         finally:
             gateway.stop()
             bare.stop()
-    doc = {
-        "echo_rps": echo_result["rps"],
-        "echo_p50_ms": echo_result["p50_ms"],
-        "echo_p99_ms": echo_result["p99_ms"],
-        "bare_rps": bare_result["rps"],
-        "bare_p50_ms": bare_result["p50_ms"],
-        "bare_p99_ms": bare_result["p99_ms"],
-        "ratio": echo_result["rps"] / bare_result["rps"],
-        "echo_cpu_ms_per_request": echo_result["server_cpu_ms_per_request"],
-        "bare_cpu_ms_per_request": bare_result["server_cpu_ms_per_request"],
-        "errors": echo_result["errors"] + bare_result["errors"],
-        "concurrency": args.concurrency,
-        "seconds": args.seconds,
-        "machine": where,
-    }
+
+    def med(side: int, key: str) -> float:
+        return statistics.median(p[side][key] for p in pairs)
+
+    doc: dict[str, Any] = {}
+    for side, name in ((0, "echo"), (1, "bare")):
+        for key in ("rps", "p50_ms", "p99_ms"):
+            doc[f"{name}_{key}"] = med(side, key)
+        doc[f"{name}_cpu_ms_per_request"] = med(side, "server_cpu_ms_per_request")
+    doc.update(
+        ratio=doc["echo_rps"] / doc["bare_rps"],
+        ratios=[e["rps"] / b["rps"] for e, b in pairs],
+        errors=sum(e["errors"] + b["errors"] for e, b in pairs),
+        concurrency=args.concurrency,
+        seconds=args.seconds,
+        repeat=args.repeat,
+        machine=where,
+    )
     write_json(args.json, doc)
     rows = [
         [label, f"{doc[k + '_rps']:.0f}", f"{doc[k + '_p50_ms']:.2f}", f"{doc[k + '_p99_ms']:.2f}",
@@ -193,7 +202,8 @@ def main() -> int:
         for label, k in (("echo via gateway (gateway + worker)", "echo"), ("bare aiohttp", "bare"))
     ]  # fmt: skip
     table = markdown_table(["server", "req/s", "p50 ms", "p99 ms", "server CPU ms/request"], rows)
-    print(f"{table}\n\necho / bare = {doc['ratio']:.2f} ({where})")
+    ratios = ", ".join(f"{r:.2f}" for r in doc["ratios"])
+    print(f"{table}\n\necho / bare = {doc['ratio']:.2f} (runs: {ratios}; {where})")
     return 0
 
 
