@@ -85,9 +85,10 @@ def explicit_half_step(r: Any, theta: Any, lam: float, be: Backend) -> Any:
     eye = xp.eye(k, dtype=theta.dtype)
     lo = int(np.searchsorted(host_counts, 1))
     while lo < n_rows:
-        deg = int(host_counts[min(n_rows - 1, lo)])
-        batch = max(1, GATHER_BUDGET // max(1, deg * k))
-        hi = min(n_rows, lo + batch)
+        # the largest batch whose padded (batch, max degree, k) gather stays within budget
+        ends = np.arange(lo + 1, min(n_rows, lo + max(1, GATHER_BUDGET // k)) + 1)
+        cost = (ends - lo) * host_counts[ends - 1] * k
+        hi = lo + max(1, int(np.searchsorted(cost, GATHER_BUDGET, side="right")))
         deg = int(host_counts[hi - 1])
         rows = order[lo:hi]
         n_u = counts[rows]
