@@ -25,7 +25,8 @@ Request ``{"id": int, "op": str, "args": {...}}``. Replies carry the same ``id``
 * ``{"id", "ok": false, "error": {"code", "message", "retryable", "details"?}}`` - final,
   ``code`` from :data:`trims.errors.ERROR_CODES`;
 * ``{"id", "progress": {"stage": str, "done": int, "total": int | null}}`` - not final; sent
-  during long operations (``add``, ``load``) so clients can draw a progress bar.
+  during long operations (``add``, ``load``; stages "download", "convert", "verify", "load")
+  so clients can draw a progress bar.
 
 Operations (``Op``) and their arguments / results:
 
@@ -33,7 +34,7 @@ Operations (``Op``) and their arguments / results:
 op         args                                                result (+ fds)
 =========  ==================================================  ==============================
 hello      client: str                                         daemon_version, protocol, pid
-acquire    name, version?, digest?, tier? ("cpu"|"gpu"),       lease, tier, manifest, handle
+acquire    name, version?, digest?, tier? ("cpu"|"gpu"|"disk"),lease, tier, manifest, handle
            device? (GPU UUID or index)                         (+ 1 fd: memfd or CUDA VMM fd)
 release    lease                                               {}
 info       name, version?                                      model
@@ -49,7 +50,8 @@ remove     name, version?, force?                              removed        (a
 
 ``handle`` describes how to map the descriptor:
 ``{"kind": "memfd", "size": int}`` (map ``MAP_PRIVATE``, read-only shared pages, copy-on-write
-on write), ``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
+on write), ``{"kind": "file", "size": int}`` (a read-only fd of the verified disk-tier file,
+for ``tier: "disk"``; mapped like a memfd), ``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
 ``cuMemImportFromShareableHandle``), or ``{"kind": "cuda_ipc", "device_uuid", "ipc_handle"}``
 (hex; no fd; the legacy fallback).
 
