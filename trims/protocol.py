@@ -51,7 +51,8 @@ remove     name, version?, force?                              removed        (a
 ``handle`` describes how to map the descriptor:
 ``{"kind": "memfd", "size": int}`` (map ``MAP_PRIVATE``, read-only shared pages, copy-on-write
 on write), ``{"kind": "file", "size": int}`` (a read-only fd of the verified disk-tier file,
-for ``tier: "disk"``; mapped like a memfd), ``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
+for ``tier: "disk"``; mapped like a memfd),
+``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
 ``cuMemImportFromShareableHandle``), or ``{"kind": "cuda_ipc", "device_uuid", "ipc_handle"}``
 (hex; no fd; the legacy fallback).
 
