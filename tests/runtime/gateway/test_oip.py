@@ -13,8 +13,9 @@ B = np.array([0.5, -1.0, 2.0], dtype=np.float32)
 
 
 def linear_spec() -> dict[str, object]:
+    """A function serving the store's model 'lin' (seeded into the daemon by the tests)."""
     spec = echo_spec("linear")
-    spec["config"] = {"w": W.tolist(), "b": B.tolist()}
+    spec["models"] = [{"name": "lin", "framework": "numpy"}]
     spec["serves"] = {
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
         "outputs": [
@@ -54,8 +55,9 @@ def _triton_round_trip(url: str, x: np.ndarray) -> tuple[dict[str, object], np.n
     return meta, y_binary, y_json
 
 
-async def test_triton_client_matches_the_direct_model_output(start_gateway):
-    gw = await start_gateway()
+async def test_triton_client_matches_the_direct_model_output(start_gateway, start_daemon):
+    daemon = start_daemon(models={"lin": {"w": W, "b": B}})
+    gw = await start_gateway(store_socket=daemon.socket)
     await gw.deploy(linear_spec())
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     meta, y_binary, y_json = await asyncio.to_thread(_triton_round_trip, gw.url, x)
@@ -65,8 +67,9 @@ async def test_triton_client_matches_the_direct_model_output(start_gateway):
     np.testing.assert_allclose(y_json, direct, rtol=1e-6)
 
 
-async def test_json_infer_and_clear_400s(start_gateway):
-    gw = await start_gateway()
+async def test_json_infer_and_clear_400s(start_gateway, start_daemon):
+    daemon = start_daemon(models={"lin": {"w": W, "b": B}})
+    gw = await start_gateway(store_socket=daemon.socket)
     await gw.deploy(linear_spec())
     url = f"{gw.url}/v2/models/linear/infer"
     good = {

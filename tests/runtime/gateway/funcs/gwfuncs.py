@@ -34,8 +34,7 @@ def upper(request: Request, ctx: Context) -> Any:
 
 
 def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:
-    """A linear layer over the config's weights: y = x @ w + b, and the row sums as INT64."""
-    w = np.asarray(ctx.config["w"], dtype=np.float32)
-    b = np.asarray(ctx.config["b"], dtype=np.float32)
-    y = inputs["x"] @ w + b
+    """A linear layer over the store's model 'lin': y = x @ w + b, and the row sums as INT64."""
+    weights = ctx.models["lin"].numpy()
+    y = inputs["x"] @ weights["w"] + weights["b"]
     return {"y": y.astype(np.float32), "n": inputs["x"].sum(axis=1).astype(np.int64)}
