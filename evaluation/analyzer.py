@@ -5,7 +5,9 @@ sequential lower bound (sum over layers of the best time any variant achieved fo
 configuration, less the fixed per-run overhead), the parallel lower bound (the critical path of
 the layer DAG under the same per-layer times), the gap and the layers that account for most of
 the time. Fusion: measured cost of Conv+BN(+scale)+ReLU chains run as one sub-model (ONNX
-Runtime fuses them) against the sum of their layers run one by one.
+Runtime fuses them) against the sum of their layers run one by one. The *fused* bounds replace
+each chain's layers by the chain's fused time where that is lower: the bound for a framework
+that fuses, which the plain (Benanza) bounds are not.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from trims.evaluation import generator
+from trims.evaluation import generator, submodel
 from trims.evaluation.generator import Bencher
 from trims.evaluation.ir import ModelIR
 
@@ -61,6 +63,8 @@ class ModelBound:
     measured_spread_ms: float
     sequential_lb_ms: float
     parallel_lb_ms: float
+    fused_sequential_lb_ms: float
+    fused_parallel_lb_ms: float
     layers: list[LayerTime] = field(default_factory=list)
 
     @property
@@ -73,6 +77,7 @@ class ModelBound:
 
 @dataclass
 class FusionResult:
+    signature: str
     label: str
     fused_ms: float
     unfused_ms: float
@@ -99,8 +104,16 @@ def layer_times(
     return best
 
 
-def bound(ir: ModelIR, measured: Bencher, best: dict[str, tuple[float, str]]) -> ModelBound:
-    """Measure ``ir`` end to end with ``measured`` and compute its lower bounds."""
+def bound(
+    ir: ModelIR,
+    measured: Bencher,
+    best: dict[str, tuple[float, str]],
+    fused: dict[str, float] | None = None,
+) -> ModelBound:
+    """Measure ``ir`` end to end with ``measured`` and compute its lower bounds.
+
+    ``fused`` maps fusion-chain signatures to their fused time (see :func:`fusion`).
+    """
     whole = measured.run(generator.model_benchmark(ir)).measurement
     times = [
         LayerTime(layer.index, layer.name, layer.op_type, *best[layer.signature])
@@ -108,6 +121,14 @@ def bound(ir: ModelIR, measured: Bencher, best: dict[str, tuple[float, str]]) ->
     ]
     weights = [t.best_ms for t in times]
     parallel, _ = critical_path(weights, ir.preds)
+    fused_weights = list(weights)
+    for chain in generator.fusion_chains(ir):
+        chain_ms = (fused or {}).get(submodel.group_signature(ir, chain))
+        if chain_ms is not None and chain_ms < sum(weights[i] for i in chain):
+            fused_weights[chain[0]] = chain_ms
+            for i in chain[1:]:
+                fused_weights[i] = 0.0
+    fused_parallel, _ = critical_path(fused_weights, ir.preds)
     return ModelBound(
         name=ir.name,
         framework=measured.framework,
@@ -115,6 +136,8 @@ def bound(ir: ModelIR, measured: Bencher, best: dict[str, tuple[float, str]]) ->
         measured_spread_ms=whole.spread_ms,
         sequential_lb_ms=sum(weights),
         parallel_lb_ms=parallel,
+        fused_sequential_lb_ms=sum(fused_weights),
+        fused_parallel_lb_ms=fused_parallel,
         layers=times,
     )
 
@@ -127,5 +150,5 @@ def fusion(
     out: list[FusionResult] = []
     for bench, sigs in generator.chain_benchmarks(irs):
         fused = max(bencher.run(bench).measurement.trimmed_mean_ms - overhead, 0.0)
-        out.append(FusionResult(bench.label, fused, sum(best[s][0] for s in sigs)))
+        out.append(FusionResult(bench.signature, bench.label, fused, sum(best[s][0] for s in sigs)))
     return sorted(out, key=lambda f: f.saving_ms, reverse=True)

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 FRAMEWORKS = ("onnxruntime", "pytorch")
 
 #: the "fused vs unfused" pattern: a Conv followed by these single-consumer ops
-_FUSIBLE = ("BatchNormalization", "Mul", "Add", "Relu")
+_FUSIBLE = ("BatchNormalization", "Mul", "Add", "Sum", "Relu")
+#: ops that may join a second branch (the residual add ONNX Runtime fuses into the Conv)
+_JOINS = ("Add", "Sum")
 
 
 @dataclass
@@ -61,8 +63,13 @@ def _extractor(ir: ModelIR, indices: list[int], name: str) -> Callable[[], onnx.
 
 
 def fusion_chains(ir: ModelIR) -> list[list[int]]:
-    """Conv layers followed by a chain of single-consumer BN/scale/ReLU layers (>= 2 layers)."""
+    """Conv layers followed by a chain of single-consumer BN/scale/residual-add/ReLU layers.
+
+    Only chains of two or more layers count, and no layer belongs to two chains (a residual
+    add joins the chain of whichever branch reaches it first in topological order).
+    """
     chains: list[list[int]] = []
+    claimed: set[int] = set()
     for layer in ir.layers:
         if layer.op_type != "Conv":
             continue
@@ -70,12 +77,16 @@ def fusion_chains(ir: ModelIR) -> list[list[int]]:
         current = layer.index
         while len(ir.succs[current]) == 1:
             nxt = ir.succs[current][0]
-            if ir.layers[nxt].op_type not in _FUSIBLE or len(ir.preds[nxt]) != 1:
+            op = ir.layers[nxt].op_type
+            if op not in _FUSIBLE or nxt in claimed:
+                break
+            if len(ir.preds[nxt]) != 1 and op not in _JOINS:
                 break
             chain.append(nxt)
             current = nxt
         if len(chain) >= 2:
             chains.append(chain)
+            claimed.update(chain)
     return chains
 
 
