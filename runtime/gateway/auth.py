@@ -19,8 +19,6 @@ from trims.runtime.settings import Token
 
 from trims.errors import PermissionDenied, Unauthorized
 
-PRINCIPAL_KEY = "trims.principal"
-
 
 class Authenticator:
     """Finds the token of a request and checks its scopes."""
