@@ -125,6 +125,23 @@ async def deploy_examples(url: str, token: str | None, specs: list[Path]) -> lis
     return deployed
 
 
+async def announce(url: str, token: str | None, specs: list[Path], store_socket: Path) -> None:
+    """Deploy the examples, then print where everything is."""
+    names = await deploy_examples(url, token, specs) if specs else []
+    lines = [
+        f"trims is up: gateway {url}",
+        f"  API document   {url}/openapi.json",
+        f"  metrics        {url}/metrics",
+        f"  store socket   {store_socket}",
+    ]
+    if names:
+        first = "echo" if "echo" in names else names[0]
+        lines.append(f"  functions      {', '.join(names)}")
+        lines.append(f"  try: curl -d hello {url}/v1/functions/{first}/invoke")
+    lines.append(f"trims gateway ready url={url}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvloop
     from trims.runtime import gateway_cli
@@ -136,36 +153,26 @@ def run(args: argparse.Namespace) -> int:
     settings = gateway_cli.settings_from_args(args, os.environ)
     if settings.otlp_endpoint:
         setup_tracing("trims-gateway", settings.otlp_endpoint)
-    assert settings.store_socket is not None
+    store_socket = settings.store_socket
+    assert store_socket is not None
     admin_token = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
     specs = example_specs(args.examples_dir or _default_examples_dir()) if args.examples else []
     local: dict[str, Any] = {"zygote": not args.no_zygote}
     if args.preload is not None:
         local["preload"] = tuple(m for m in args.preload.split(",") if m)
-    daemon = start_daemon(settings.store_socket, args.store_dir)
+    tasks: set[asyncio.Task[None]] = set()
+
+    def ready(url: str) -> None:
+        task = asyncio.get_running_loop().create_task(
+            announce(url, admin_token, specs, store_socket), name="trims-announce"
+        )
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    daemon = start_daemon(store_socket, args.store_dir)
     try:
-
-        async def main() -> None:
-            tasks: set[asyncio.Task[None]] = set()
-
-            async def announce(url: str) -> None:
-                names = await deploy_examples(url, admin_token, specs) if specs else []
-                print(f"trims is up: gateway {url}", file=sys.stderr)
-                print(f"  API document   {url}/openapi.json", file=sys.stderr)
-                print(f"  metrics        {url}/metrics", file=sys.stderr)
-                print(f"  store socket   {settings.store_socket}", file=sys.stderr)
-                for name in names:
-                    print(f"  try: curl -d hello {url}/v1/functions/{name}/invoke", file=sys.stderr)
-                print(f"{gateway_cli.READY} url={url}", file=sys.stderr, flush=True)
-
-            def ready(url: str) -> None:
-                task = asyncio.get_running_loop().create_task(announce(url), name="trims-announce")
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
-            await serve(settings, gateway_cli.executor_factory(settings, local), on_ready=ready)
-
-        uvloop.run(main())
+        factory = gateway_cli.executor_factory(settings, local)
+        uvloop.run(serve(settings, factory, on_ready=ready))
     finally:
         stop_daemon(daemon)
     return 0
