@@ -61,6 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         store_socket=args.store_socket,
         confinement=Confinement(
             memory_bytes=spec.resources.memory_bytes,
+            threads=spec.scaling.concurrency,
             run_as=args.run_as,
             parent_pid=args.parent_pid,
         ),

@@ -59,6 +59,9 @@ RUNTIME_MODULES = (
 )
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 # --- zygote side (a separate process: python -m trims.runtime.executors.zygote) ------------
 
 
@@ -90,8 +93,9 @@ class _Zygote:
     def serve(self, preloaded: list[str]) -> None:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Blocked, not ignored: a child inherits the mask, so a SIGTERM sent to a worker before
+        # it has reset its signals stays pending and is acted on, where an ignored one is lost.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         self.sel.register(self.sock, selectors.EVENT_READ)
         self.sel.register(self.wake_r, selectors.EVENT_READ)
         self.send({"event": "ready", "pid": os.getpid(), "preloaded": preloaded})
@@ -127,6 +131,10 @@ class _Zygote:
                 return
             if pid == 0:
                 self._child(req)
+            # The child also calls setpgid; doing it here too closes the race with a signal
+            # sent to its group before the child got that far (the shells' job-control idiom).
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)
             self.children.add(pid)
             self.send({"event": "forked", "id": req["id"], "pid": pid})
         elif req["op"] == "signal":
@@ -165,8 +173,9 @@ class _Zygote:
             self.sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGCHLD, *_STOP_SIGNALS):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             os.setpgid(0, 0)
             fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
             os.dup2(fd, 1)

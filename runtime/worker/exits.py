@@ -6,7 +6,6 @@ it knows about so the executor can tell the gateway (and the client's 502) what 
 
 from __future__ import annotations
 
-import os
 import signal
 
 from trims.config import format_size
@@ -15,15 +14,6 @@ from trims.config import format_size
 EXIT_INIT_FAILED = 113
 #: A handler hit the instance's memory limit (MemoryError); the instance is not reusable.
 EXIT_OUT_OF_MEMORY = 114
-
-
-def describe_exit(status: int, *, memory_bytes: int | None = None, detail: str = "") -> str:
-    """A raw wait status (``os.waitpid``) as a reason: 'killed by SIGSEGV', 'out of memory ...'."""
-    if os.WIFSIGNALED(status):
-        return describe_returncode(-os.WTERMSIG(status), memory_bytes=memory_bytes, detail=detail)
-    if os.WIFEXITED(status):
-        return describe_returncode(os.WEXITSTATUS(status), memory_bytes=memory_bytes, detail=detail)
-    return f"ended with wait status {status}"
 
 
 def describe_returncode(code: int, *, memory_bytes: int | None = None, detail: str = "") -> str:

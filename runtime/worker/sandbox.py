@@ -14,6 +14,7 @@ import os
 import pwd
 import resource
 import signal
+import threading
 from dataclasses import dataclass
 
 from trims.errors import ValidationError
@@ -22,12 +23,19 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _M_ARENA_MAX = -8
+_ARENA = 64 << 20
+#: Stack size of the worker's threads (Python's default is the 8 MiB RLIMIT_STACK).
+THREAD_STACK = 8 << 20
+#: Threads besides the handler pool (event loop helpers, the store client's callers).
+_HELPER_THREADS = 4
 
 
 @dataclass(frozen=True)
 class Confinement:
     #: Bytes of address space the function may add on top of what the process maps at start.
     memory_bytes: int | None = None
+    #: Threads the worker may run handlers on (their stacks are not counted as memory).
+    threads: int = 1
     #: User name or uid to run as; None keeps the current user.
     run_as: str | None = None
     #: Parent pid to die with (SIGKILL when it exits); None: no such link.
@@ -43,17 +51,21 @@ def address_space_bytes() -> int:
     raise OSError("VmSize missing from /proc/self/status")
 
 
-def apply_memory_limit(extra_bytes: int) -> int:
-    """RLIMIT_AS = current VmSize + ``extra_bytes``; returns the limit set.
+def apply_memory_limit(extra_bytes: int, threads: int) -> int:
+    """RLIMIT_AS = current VmSize + ``extra_bytes`` + reservations; returns the limit set.
 
-    glibc gives every thread its own 64 MiB malloc arena reservation, which would eat an
-    address-space limit without using memory; two arenas keep the limit about real allocations.
+    An address-space limit counts reservations that use no memory, so they are added on top:
+    glibc gives each thread a 64 MiB malloc arena (capped here at one extra arena), and each of
+    the ``threads`` the worker may start reserves a THREAD_STACK stack. What remains is about
+    the function's real allocations.
     """
     try:
         ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 2)
     except (OSError, AttributeError):
         log.debug("mallopt unavailable; thread arenas count against the memory limit")
-    limit = address_space_bytes() + extra_bytes
+    threading.stack_size(THREAD_STACK)
+    reserved = _ARENA + (threads + _HELPER_THREADS) * (THREAD_STACK + 4096)
+    limit = address_space_bytes() + extra_bytes + reserved
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     return limit
 
@@ -86,7 +98,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 def confine(c: Confinement) -> None:
     if c.memory_bytes is not None:
-        apply_memory_limit(c.memory_bytes)
+        apply_memory_limit(c.memory_bytes, c.threads)
     if c.run_as is not None:
         drop_privileges(c.run_as)
     if c.parent_pid is not None:

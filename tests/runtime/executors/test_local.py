@@ -289,7 +289,9 @@ async def test_hang_times_out_and_stop_ends_the_instance(
 async def test_memory_limit_kills_the_instance_with_the_reason(
     make_function: MakeFunction, start_instance: StartInstance
 ) -> None:
-    spec = make_function(CRASHER, name="hog", resources={"memory": "128MiB"})
+    spec = make_function(
+        CRASHER, name="hog", resources={"memory": "128MiB"}, scaling={"concurrency": 8}
+    )
     instance = await start_instance(spec)
     assert await _invoke(instance, b"small") == b"ok"
     with pytest.raises(UpstreamError, match="ran out of memory"):
@@ -445,3 +447,16 @@ async def test_a_dead_zygote_takes_its_workers_and_is_replaced(
     assert await _invoke(second, b"again") == b"again"
     assert executor.zygote_pid != zygote
     await executor.stop(first)
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawn"])
+async def test_stop_right_after_start(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor], zygote: bool
+) -> None:
+    executor = local_executor(zygote=zygote)
+    instance = await executor.start(make_function(ECHO), "brief")
+    await executor.stop(instance, grace_s=30)
+    assert not instance.alive()
+    assert instance.exit_reason in ("killed by SIGTERM", "exited with code 0")
+    with pytest.raises(UpstreamError, match="died"):
+        await instance.wait_ready(5)
