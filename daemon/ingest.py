@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from trims.daemon.formats import FORMATS, convert, detect_format
 from trims.daemon.formats.writer import Progress
@@ -54,7 +53,7 @@ def _check_source(source: object) -> str:
         )
     if "://" in source and not cloud.is_remote(source):
         raise ValidationError(
-            f"unsupported source scheme {urlsplit(source).scheme!r}; use http(s):// or s3://"
+            f"unsupported source scheme {cloud.scheme(source)!r}; use http(s):// or s3://"
         )
     return source
 
@@ -101,7 +100,7 @@ def ingest(
             )
             local = fetched
             if fmt is None:
-                fmt = detect_format(fetched, filename=Path(urlsplit(source).path).name)
+                fmt = detect_format(fetched, filename=Path(cloud.split(source).path).name)
         else:
             local = _local_source(source, expected_sha256, max_bytes)
         manifest: Manifest = convert(

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from trims.config import format_size
 from trims.errors import (
@@ -52,14 +52,29 @@ TIMEOUT = 30.0
 MAX_REDIRECTS = 5
 
 
+def scheme(source: str) -> str:
+    """The lower-case scheme of a URL ("" for a plain path)."""
+    return source.split("://", 1)[0].lower() if "://" in source else ""
+
+
 def is_remote(source: str) -> bool:
     """True for http://, https:// and s3:// sources."""
-    return urlsplit(source).scheme.lower() in SCHEMES and "://" in source
+    return scheme(source) in SCHEMES
+
+
+def split(url: str) -> SplitResult:
+    """urlsplit, with a malformed URL reported as a ValidationError."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError as e:
+        raise ValidationError(f"malformed URL {url!r}: {e}") from e
+    return parts
 
 
 def redact(url: str) -> str:
     """The URL without credentials or query string (which may hold a signature)."""
-    parts = urlsplit(url)
+    parts = split(url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
@@ -117,10 +132,10 @@ class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
         headers: Any,
         newurl: str,
     ) -> urllib.request.Request | None:
-        scheme = urlsplit(newurl).scheme.lower()
-        if scheme not in ("http", "https"):
+        target = scheme(newurl)
+        if target not in ("http", "https"):
             raise ValidationError(
-                f"{redact(req.full_url)} redirects to a {scheme or 'relative'}:// URL; only "
+                f"{redact(req.full_url)} redirects to a {target or 'relative'}:// URL; only "
                 "http(s) redirects are followed"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -140,6 +155,8 @@ def _http_status_error(url: str, e: urllib.error.HTTPError) -> TrimsError:
 
 def _fetch_http(url: str, f: IO[bytes], sink_args: dict[str, Any], timeout: float) -> _Sink:
     shown = redact(url)
+    if not split(url).hostname:
+        raise ValidationError(f"{url!r} names no host; use http(s)://HOST/PATH")
     opener = urllib.request.build_opener(_LimitedRedirects)
     request = urllib.request.Request(url, headers={"User-Agent": "trims"})
     try:
@@ -211,7 +228,7 @@ def _fetch_s3(
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    parts = urlsplit(url)
+    parts = split(url)
     bucket, key = parts.netloc, parts.path.lstrip("/")
     if not bucket or not key:
         raise ValidationError(f"{url} is not an S3 object URL: use s3://BUCKET/KEY")
@@ -248,14 +265,14 @@ def fetch(
     timeout: float = TIMEOUT,
 ) -> None:
     """Download ``source`` into the new file ``dest`` (fsynced), or raise and leave no ``dest``."""
-    scheme = urlsplit(source).scheme.lower()
-    if scheme not in SCHEMES:
-        raise ValidationError(f"unsupported source scheme {scheme!r}; use http(s):// or s3://")
+    kind = scheme(source)
+    if kind not in SCHEMES:
+        raise ValidationError(f"unsupported source scheme {kind!r}; use http(s):// or s3://")
     sink_args: dict[str, Any] = {"max_bytes": max_bytes, "progress": progress}
     f = open(dest, "xb")  # noqa: SIM115 - closed by the with below; exists check first
     try:
         with f:
-            if scheme == "s3":
+            if kind == "s3":
                 sink = _fetch_s3(source, f, sink_args, s3_endpoint, timeout)
             else:
                 sink = _fetch_http(source, f, sink_args, timeout)

@@ -162,6 +162,16 @@ def test_redirect_to_ftp_is_refused(tmp_path: Path) -> None:
     assert not dest.exists()
 
 
+@pytest.mark.parametrize(
+    "url", ["http://[::1/m.bin", "http://host:port/m.bin", "http:///m.bin", "ftp://h/m.bin"]
+)
+def test_malformed_urls(tmp_path: Path, url: str) -> None:
+    dest = tmp_path / "dest"
+    with pytest.raises(ValidationError):
+        _fetch(url, dest)
+    assert not dest.exists()
+
+
 def test_connection_cut_mid_body(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     with serve_files({"/m.bin": PAYLOAD}, cut=True) as base, pytest.raises(CorruptModel):

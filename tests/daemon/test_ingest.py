@@ -89,6 +89,7 @@ def test_bad_names(disk: DiskTier, model_file: Path, name: str) -> None:
         ("ftp://example.com/m.onnx", "unsupported source scheme"),
         ("", "model source"),
         ("a\0b", "model source"),
+        ("https://[::1/m.onnx", "malformed URL"),
     ],
 )
 def test_bad_sources(disk: DiskTier, source: str, words: str) -> None:
