@@ -70,12 +70,18 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
 
 
 def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]) -> Any:
-    """name -> a new executor; the local one gets the store socket and ``local_options``."""
+    """name -> a new executor; local and docker get the store socket, local ``local_options``.
+
+    The kubernetes executor reads its settings (``TRIMS_K8S_*``) itself: the socket path there
+    is the node's, not this host's.
+    """
     from trims.runtime.executors import create_executor
 
     def make(name: str) -> Any:
         if name == "local":
             return create_executor(name, store_socket=settings.store_socket, **local_options)
+        if name == "docker":
+            return create_executor(name, store_socket=settings.store_socket)
         return create_executor(name)
 
     return make
