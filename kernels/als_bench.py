@@ -12,6 +12,7 @@ import contextlib
 import logging
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -163,10 +164,14 @@ def _peer(s: AlsSettings, c: Any, train: Ratings, test: Ratings) -> tuple[float,
         from implicit.cpu.als import AlternatingLeastSquares
     except ImportError as e:
         raise NotFound("the peer library is missing: pip install implicit") from e
-    model = AlternatingLeastSquares(
-        factors=s.implicit_factors, regularization=s.implicit_lambda, alpha=1.0,
-        dtype=np.float32, use_cg=True, iterations=s.implicit_iterations, random_state=s.seed,
-    )  # fmt: skip
+    with warnings.catch_warnings():
+        # implicit's BLAS-threads check does not see threadpoolctl's limit, which run() sets
+        warnings.filterwarnings("ignore", "OpenBLAS is configured", RuntimeWarning)
+        model = AlternatingLeastSquares(
+            factors=s.implicit_factors, regularization=s.implicit_lambda, alpha=1.0,
+            dtype=np.float32, use_cg=True, iterations=s.implicit_iterations,
+            random_state=s.seed,
+        )  # fmt: skip
     model.cg_steps = s.cg_steps
     seconds: list[float] = []
     last = [time.perf_counter()]
