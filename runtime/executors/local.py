@@ -237,6 +237,12 @@ class LocalExecutor:
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
         if self._closed:
             raise ValidationError("local executor is closed; create a new one")
+        if spec.handler is None:
+            raise ValidationError(
+                f"function {spec.name} names only an image; the local executor runs Python "
+                "handlers: give it a handler or deploy it with the docker or kubernetes executor",
+                field="handler",
+            )
         if instance_id in self._instances:
             raise ValidationError(f"instance id {instance_id!r} is already in use")
         state = self.state_dir

@@ -339,6 +339,16 @@ async def test_close_stops_every_worker_and_the_zygote(
         await executor.start(spec, "late")
 
 
+async def test_image_only_functions_are_refused_with_the_fix(
+    local_executor: Callable[..., LocalExecutor],
+) -> None:
+    from trims.runtime.functions.spec import parse_spec
+
+    spec = parse_spec({"name": "boxed", "image": "registry.local/fn:1"})
+    with pytest.raises(ValidationError, match="docker or kubernetes executor"):
+        await local_executor().start(spec, "boxed-1")
+
+
 async def test_zygote_children_inherit_preloaded_modules(
     make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
 ) -> None:
