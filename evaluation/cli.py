@@ -130,7 +130,13 @@ def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -
     from trims.evaluation.generator import Bencher
     from trims.evaluation.measure import MeasureSettings
 
-    measure = MeasureSettings(min_reps=settings.min_reps, max_time_s=settings.max_time_s)
+    # one intra-op thread computes on the calling thread, whose CPU time ignores preemption;
+    # with more threads only the wall clock sees all the work
+    measure = MeasureSettings(
+        min_reps=settings.min_reps,
+        max_time_s=settings.max_time_s,
+        clock="thread" if settings.threads == 1 else "wall",
+    )
     return Bencher(db, framework, variant, settings.batch, measure, settings.force)
 
 
