@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from trims.daemon.ingest import ingest
 from trims.daemon.tiers.disk import DiskTier
@@ -149,6 +151,26 @@ def test_http_source(disk: DiskTier, model_file: Path) -> None:
     assert stages == {"download", "convert", "verify"}
     assert disk.contains(manifest.digest)
     assert not list((disk.root / "tmp").iterdir())
+
+
+def test_http_onnx_source_format_from_the_url(
+    disk: DiskTier, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trims.daemon")
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "w")
+    model = helper.make_model(helper.make_graph([], "g", [], [], [weight]))
+    with serve_files({"/zoo/tiny.onnx": model.SerializeToString()}) as base:
+        manifest = _ingest(f"{base}/zoo/tiny.onnx?token=secret", disk)
+    assert manifest.framework == "onnx"
+    assert "tiny.onnx" in caplog.text and "secret" not in caplog.text
+    assert manifest.names == ["w", "__onnx_graph__"]
+    assert (
+        read_raw(disk.path(manifest.digest), manifest)["w"][2]
+        == onnx.numpy_helper.to_array(weight).tobytes()
+    )
 
 
 def test_http_source_cut_mid_body_leaves_nothing(disk: DiskTier, model_file: Path) -> None:
