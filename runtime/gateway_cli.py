@@ -49,6 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--preload",
         help="local: comma-separated modules the zygote imports (default numpy,torch,onnxruntime)",
     )
+    parser.add_argument(
+        "--run-as", help="local: user (name or uid) the workers run as when started as root"
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument("--log-level", default="INFO")
 
@@ -87,6 +90,16 @@ def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]
     return make
 
 
+def local_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The local executor's options from the command line."""
+    options: dict[str, Any] = {"zygote": not args.no_zygote}
+    if args.preload is not None:
+        options["preload"] = tuple(m for m in args.preload.split(",") if m)
+    if args.run_as is not None:
+        options["run_as"] = args.run_as
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     import uvloop
     from trims.runtime.gateway.server import serve
@@ -97,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, os.environ)
     if settings.otlp_endpoint:
         setup_tracing("trims-gateway", settings.otlp_endpoint)
-    local: dict[str, Any] = {"zygote": not args.no_zygote}
-    if args.preload is not None:
-        local["preload"] = tuple(m for m in args.preload.split(",") if m)
+    local = local_options(args)
 
     def ready(url: str) -> None:
         auth = "on" if settings.auth_enabled else "off"

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from trims.errors import Unavailable
 
@@ -157,9 +156,7 @@ def run(args: argparse.Namespace) -> int:
     assert store_socket is not None
     admin_token = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
     specs = example_specs(args.examples_dir or _default_examples_dir()) if args.examples else []
-    local: dict[str, Any] = {"zygote": not args.no_zygote}
-    if args.preload is not None:
-        local["preload"] = tuple(m for m in args.preload.split(",") if m)
+    local = gateway_cli.local_options(args)
     tasks: set[asyncio.Task[None]] = set()
 
     def ready(url: str) -> None:
