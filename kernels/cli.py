@@ -67,7 +67,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     common(p)
     p.add_argument("--dataset", choices=("ml-100k", "synthetic"), default="ml-100k")
     p.add_argument("--factors", type=int, default=64, help="implicit ALS factors")
-    p.add_argument("--iterations", type=int, default=15)
+    p.add_argument("--iterations", type=int, default=15, help="implicit ALS iterations")
+    p.add_argument("--explicit-iterations", type=int, default=15)
     p.add_argument("--no-peer", action="store_true", help="do not run the implicit library")
 
 
@@ -171,7 +172,7 @@ def _als(args: argparse.Namespace) -> dict[str, Any]:
     settings = als_bench.AlsSettings(dataset=args.dataset, backend=args.backend,
                                      implicit_factors=args.factors,
                                      implicit_iterations=args.iterations,
-                                     explicit_iterations=args.iterations,
+                                     explicit_iterations=args.explicit_iterations,
                                      peer=not args.no_peer)  # fmt: skip
     result = als_bench.run(settings)
     print(markdown([{"part": k, **v} for k, v in result.items()],

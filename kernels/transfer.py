@@ -152,6 +152,7 @@ def ipc_rows(settings: TransferSettings, sizes: list[int]) -> list[TransferRow]:
             rows.append(_row("memfd-create-write-seal", size, "warm", secs, "ipc"))
             for name, op in (
                 ("memfd-map", ipc.OP_MEMFD),
+                ("memfd-map-populate", ipc.OP_MEMFD_POPULATE),
                 ("pipe", ipc.OP_PIPE),
                 ("unix-socket", ipc.OP_SOCKET),
                 ("file-read", ipc.OP_FILE),

@@ -8,6 +8,8 @@ state: the data is in the consumer's memory and has been used.
 
 - ``memfd-map``: the producer passes a sealed memfd (SCM_RIGHTS); the consumer maps it
   MAP_PRIVATE and reads it: what a trims function does when it acquires a model;
+- ``memfd-map-populate``: the same with MAP_POPULATE, so the kernel maps every page in the
+  mmap call instead of one page fault per page on first touch;
 - ``memfd-create-write-seal``: the producer-side cost of building that memfd from a buffer (the
   store's promotion of a model into its CPU tier), timed in the producer alone;
 - ``pipe`` / ``unix-socket``: the bytes are written into a pipe / a stream socket and received
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 
 _REQ = struct.Struct("<B Q")  # op, size
 _REP = struct.Struct("<q Q")  # monotonic ns at completion, checksum
-OP_QUIT, OP_MEMFD, OP_PIPE, OP_SOCKET, OP_FILE = range(5)
+OP_QUIT, OP_MEMFD, OP_PIPE, OP_SOCKET, OP_FILE, OP_MEMFD_POPULATE = range(6)
 SEALS = (
     getattr(os, "F_SEAL_SEAL", 1)
     | getattr(os, "F_SEAL_SHRINK", 2)
@@ -148,7 +150,7 @@ class Consumer:
     def transfer(self, op: int, payload: memoryview, expected: int) -> float:
         """Seconds from the start of the hand-off until the consumer has read every byte."""
         size = len(payload)
-        if op == OP_MEMFD:
+        if op in (OP_MEMFD, OP_MEMFD_POPULATE):
             fd = build_memfd(payload)
             try:
                 t0 = now_ns()
@@ -186,10 +188,11 @@ def _serve(ctrl: socket.socket, data: socket.socket, pipe_r: int) -> None:
         op, size = _REQ.unpack(msg)
         if op == OP_QUIT:
             return
-        if op == OP_MEMFD:
+        if op in (OP_MEMFD, OP_MEMFD_POPULATE):
             fd = fds[0]
+            flags = mmap.MAP_PRIVATE | (mmap.MAP_POPULATE if op == OP_MEMFD_POPULATE else 0)
             try:
-                with mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:
+                with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ) as m:
                     check = checksum(m)
             finally:
                 os.close(fd)

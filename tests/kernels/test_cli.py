@@ -24,7 +24,8 @@ def _run(tmp_path: Path, *args: str) -> dict:
 )
 def test_als_contract(tmp_path: Path) -> None:  # fmt: skip
     pytest.importorskip("implicit", reason="the peer library implicit is not installed")
-    result = _run(tmp_path, "als", "--dataset", "ml-100k", "--iterations", "2", "--factors", "8")
+    result = _run(tmp_path, "als", "--dataset", "ml-100k", "--iterations", "2", "--factors", "8",
+                  "--explicit-iterations", "2")  # fmt: skip
     assert set(result) == {"explicit", "implicit"}
     for key in ("rmse", "s_per_iter"):
         assert isinstance(result["explicit"][key], float) and result["explicit"][key] > 0

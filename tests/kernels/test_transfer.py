@@ -17,7 +17,8 @@ def test_tiny_run_reports_every_modality() -> None:
     seen = {(r.domain, r.modality, r.cache) for r in rows}
     for cache in ("warm", "flushed"):
         assert ("host", "copy", cache) in seen and ("host", "copy-first-touch", cache) in seen
-    for name in ("memfd-create-write-seal", "memfd-map", "pipe", "unix-socket", "file-read"):
+    for name in ("memfd-create-write-seal", "memfd-map", "memfd-map-populate", "pipe",
+                 "unix-socket", "file-read"):  # fmt: skip
         assert ("ipc", name, "warm") in seen
     assert {r.size for r in rows} == {256, 512, 1024}
     for r in rows:
@@ -30,7 +31,7 @@ def test_every_ipc_modality_delivers_the_bytes(size: int) -> None:
     view = memoryview(payload.data)
     expected = ipc.checksum(view)
     with ipc.Consumer.start() as consumer:
-        for op in (ipc.OP_MEMFD, ipc.OP_PIPE, ipc.OP_SOCKET, ipc.OP_FILE):
+        for op in (ipc.OP_MEMFD, ipc.OP_MEMFD_POPULATE, ipc.OP_PIPE, ipc.OP_SOCKET, ipc.OP_FILE):
             assert consumer.transfer(op, view, expected) > 0
 
 
