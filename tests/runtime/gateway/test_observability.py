@@ -13,7 +13,11 @@ from tests.runtime.gateway.conftest import echo_spec
 
 @pytest.fixture
 def spans() -> Iterator[object]:
-    """An in-memory exporter on the process's SDK tracer provider."""
+    """An in-memory exporter on the process's SDK tracer provider.
+
+    OpenTelemetry allows one global provider per process: this installs an SDK one if none is
+    there yet, else adds the exporter to the existing one.
+    """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

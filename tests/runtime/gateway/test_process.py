@@ -91,3 +91,36 @@ def test_functions_cli_deploys_lists_invokes_and_removes(gateway_process, tmp_pa
     )
     assert out.returncode == 1 and "no function named 'echo'" in out.stderr
     assert gw.terminate() == 0
+
+
+def test_spans_are_exported_over_otlp_when_configured(gateway_process):
+    import http.server
+
+    received: list[bytes] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        gw = gateway_process("--otlp-endpoint", endpoint)
+        client = GatewayClient(gw.url, None)
+        client.json("PUT", "/v1/functions/echo", echo_spec())
+        assert client.request("POST", "/v1/functions/echo/invoke", b"hi")[0] == 200
+        assert gw.terminate() == 0  # exit flushes the batch of spans
+    finally:
+        server.shutdown()
+        server.server_close()
+    exported = b"".join(received)
+    for name in (b"gateway request", b"queue", b"instance start", b"invoke"):
+        assert name in exported
