@@ -99,7 +99,7 @@ def test_spans_are_exported_over_otlp_when_configured(gateway_process):
     received: list[bytes] = []
 
     class Collector(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_POST(self) -> None:
             received.append(self.rfile.read(int(self.headers["Content-Length"])))
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
