@@ -106,20 +106,30 @@ class WorkerConnection:
             raise ConnectionLost("worker connection is closed")
         rid = self._next_id
         self._next_id = rid + 1 if rid < 0xFFFFFFFF else 1
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame] = loop.create_future()
         self._p.pending[rid] = fut
         transport.writelines(encode_frame(rid, kind, meta, body))
+        # A timer on the future itself: cheaper than asyncio.wait_for on this hot path.
+        timer = loop.call_later(timeout, _expire, fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await fut
         except (TimeoutError, asyncio.CancelledError):
             self._p.pending.pop(rid, None)
             if self._p.transport is not None:
                 self._p.transport.writelines(encode_frame(rid, Kind.CANCEL))
             raise
+        finally:
+            timer.cancel()
 
     def close(self) -> None:
         if self._p.transport is not None:
             self._p.transport.close()
+
+
+def _expire(fut: asyncio.Future[Frame]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 def raise_for_error(frame: Frame) -> None:
