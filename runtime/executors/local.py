@@ -50,6 +50,9 @@ class LocalExecutorSettings:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     #: Interpreter for the zygote and spawned workers.
     python: str = sys.executable
+    #: OTLP/HTTP endpoint the workers export their spans to (TRIMS_OTLP_ENDPOINT); None: the
+    #: workers inherit whatever this process's environment says.
+    otlp_endpoint: str | None = None
     #: Extra environment for every worker (the function's own env is added on top).
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -203,6 +206,8 @@ class LocalExecutor:
         env.update(self.settings.env)
         if self.settings.store_socket is not None:
             env["TRIMS_SOCKET"] = str(self.settings.store_socket)
+        if self.settings.otlp_endpoint is not None:
+            env["TRIMS_OTLP_ENDPOINT"] = self.settings.otlp_endpoint
         return env
 
     async def prepare(self) -> None:
