@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -462,6 +463,7 @@ def _cupy() -> Any:
     return require_cupy()
 
 
+@cache
 def wmma_kernels() -> WmmaKernels:
     """Compile :data:`WMMA_SOURCE_PATH` with NVRTC (needs sm_70 or newer)."""
     cp = _cupy()

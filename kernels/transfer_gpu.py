@@ -159,7 +159,10 @@ def _zero_copy(g: _Gpu, size: int, repeat: int) -> list[Row]:
     ptr = rt.hostAlloc(size, HOST_ALLOC_MAPPED)
     try:
         ctypes.memset(ptr, 1, size)
-        dptr = rt.hostGetDevicePointer(ptr, 0)
+        # with unified virtual addressing (64-bit Linux) the mapped host pointer is also the
+        # device pointer; pointerGetAttributes says so explicitly where CuPy exposes it
+        getattrs = getattr(rt, "pointerGetAttributes", None)
+        dptr = int(getattrs(ptr).devicePointer) if getattrs else ptr
         view = g.device_view(dptr, size, None)
         secs = g.time(lambda: g.read_kernel(view), lambda: None, repeat)
         return [("zero-copy", size, "n/a", secs, "gpu")]
