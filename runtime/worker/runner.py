@@ -212,6 +212,8 @@ async def _serve(settings: WorkerSettings) -> int:
 
 def run_worker(settings: WorkerSettings) -> int:
     """The worker process's main: confine, set up telemetry, serve until SIGTERM."""
+    import uvloop
+
     from trims.telemetry import setup_logging, setup_tracing
 
     confine(settings.confinement)
@@ -219,8 +221,10 @@ def run_worker(settings: WorkerSettings) -> int:
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
     try:
-        import uvloop
-
         return uvloop.run(_serve(settings))
-    except ImportError:
-        return asyncio.run(_serve(settings))
+    finally:
+        # The caller leaves with os._exit (a hung handler thread must not block the exit), so
+        # batched spans would be lost without this flush.
+        flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+        if flush is not None:
+            flush(5000)

@@ -470,3 +470,37 @@ async def test_stop_right_after_start(
     assert instance.exit_reason in ("killed by SIGTERM", "exited with code 0")
     with pytest.raises(UpstreamError, match="died"):
         await instance.wait_ready(5)
+
+
+async def test_worker_spans_are_exported_in_the_callers_trace(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+) -> None:
+    from aiohttp import web
+
+    received: list[bytes] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        executor = local_executor(otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces")
+        instance = await executor.start(make_function(ECHO, name="traced"), "traced-1")
+        await instance.wait_ready(30)
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        await instance.invoke(
+            b"x", {}, timeout=30, trace={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+        )
+        await executor.stop(instance, grace_s=20)
+    finally:
+        await runner.cleanup()
+    exported = b"".join(received)
+    assert bytes.fromhex(trace_id) in exported
+    assert b"handler traced" in exported and b"worker.init" in exported
