@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -115,12 +116,38 @@ async def run_modes(
     return times
 
 
+def plot(results: list[dict[str, Any]], sizes: list[int], path: Path) -> None:
+    """Grouped bars of the median cold start per mode and model size, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(MODES)
+    for i, mode in enumerate(MODES):
+        medians = [
+            next(r["median_s"] for r in results if r["mode"] == mode and r["model_mb"] == mb) * 1e3
+            for mb in sizes
+        ]
+        ax.bar([x + i * width for x in range(len(sizes))], medians, width, label=mode)
+    ax.set_xticks([x + width * (len(MODES) - 1) / 2 for x in range(len(sizes))])
+    ax.set_xticklabels([f"{mb} MB model" for mb in sizes])
+    ax.set_yscale("log")
+    ax.set_ylabel("time to first response, ms (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-mb", default="100,1000", help="comma-separated model sizes")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep-page-cache", action="store_true")
+    parser.add_argument("--plot", type=Path, help="also draw the medians (PNG or SVG) here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.model_mb.split(",") if s]
 
@@ -163,6 +190,8 @@ def main() -> int:
         for r in results
     ]  # fmt: skip
     print(markdown_table(["mode", "model MB", "median ms", "min ms", "max ms"], rows))
+    if args.plot is not None:
+        plot(results, sizes, args.plot)
     for size, speedup in speedups.items():
         print(f"\nstore_zygote vs no_store at {size} MB: {speedup:.1f}x faster ({where})")
     return 0
