@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests"
     )
+    parser.add_argument(
+        "--instance-limit", type=int, default=64, help="most instances one function may ask for"
+    )
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint (default: env)")
     parser.add_argument("--no-zygote", action="store_true", help="local: spawn fresh interpreters")
     parser.add_argument(
@@ -67,6 +70,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         tokens=load_tokens(args.tokens_file, env),
         state_dir=args.state_dir,
         drain_timeout_s=args.drain_timeout,
+        instance_limit=args.instance_limit,
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
         access_log=args.access_log,
     )

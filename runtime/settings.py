@@ -51,6 +51,9 @@ class GatewaySettings:
     #: Where deployed function and pipeline specs are kept so a restarted gateway restores them;
     #: None keeps them in memory only.
     state_dir: Path | None = None
+    #: Most instances one function may ask for (its min and max); a spec asking for more is
+    #: refused, so one deploy cannot fork hundreds of workers on the node.
+    instance_limit: int = 64
     #: Seconds SIGTERM waits for in-flight requests before instances are stopped.
     drain_timeout_s: float = 30.0
     #: Seconds an async invocation result is kept after it finished.
@@ -72,6 +75,8 @@ class GatewaySettings:
             raise ValidationError(f"port {self.port} is out of range; use 0..65535")
         if self.drain_timeout_s < 0:
             raise ValidationError("drain timeout must not be negative")
+        if self.instance_limit < 1:
+            raise ValidationError("instance limit must be at least 1")
         if self.max_invocations < 1:
             raise ValidationError("max invocations must be at least 1")
 

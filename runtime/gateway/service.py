@@ -114,6 +114,13 @@ class Gateway:
     async def deploy(self, spec: FunctionSpec, *, replace: bool) -> bool:
         """Deploy (or with ``replace`` update) a function; True when it is new."""
         self._refuse_when_draining()
+        limit = self.settings.instance_limit
+        if spec.scaling.max_instances > limit:  # min_instances <= max_instances already
+            raise ValidationError(
+                f"scaling.max_instances: {spec.scaling.max_instances} is more than this gateway "
+                f"allows per function; use at most {limit}",
+                field="scaling.max_instances",
+            )
         old = self.pools.get(spec.name)
         if old is not None and not replace:
             raise AlreadyExists(
