@@ -16,6 +16,8 @@ from typing import Any
 from opentelemetry import trace
 from trims.runtime.functions.spec import FunctionSpec
 
+from trims.errors import Unavailable
+
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("trims.worker")
 
@@ -37,15 +39,27 @@ class ModelSet:
             self.client = None
 
 
-def acquire_models(spec: FunctionSpec, store_socket: Path | None) -> ModelSet:
+def connect_store(store_socket: Path | None) -> Any:
+    """A store client connected now (before the worker drops privileges, so a worker running
+    as another user keeps a connection it could not open itself). Unreachable -> not yet
+    connected; the models then fall back to their sources."""
+    from trims.runtime.client import StoreClient
+
+    client = StoreClient(store_socket)
+    try:
+        client.connect()
+    except Unavailable as e:
+        log.warning("model store not reachable at start (%s); models load from their sources", e)
+    return client
+
+
+def acquire_models(spec: FunctionSpec, client: Any) -> ModelSet:
     """Open every model the spec lists (store first, the ref's ``source`` as fallback)."""
-    out = ModelSet()
+    out = ModelSet(client=client)
     if not spec.models:
         return out
-    from trims.runtime.client import StoreClient
     from trims.runtime.models import open_model
 
-    out.client = StoreClient(store_socket)
     try:
         for ref in spec.models:
             t0 = time.perf_counter()

@@ -27,7 +27,7 @@ from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, EXIT_OUT_OF_MEMORY
 from trims.runtime.worker.loader import FunctionCode, load_code
-from trims.runtime.worker.models import ModelSet, acquire_models
+from trims.runtime.worker.models import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine
 from trims.runtime.worker.server import ListenAddress, WorkerServer
@@ -52,8 +52,10 @@ class WorkerSettings:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, store: Any = None) -> None:
+        """``store``: a StoreClient connected before privileges were dropped (or None)."""
         self.settings = settings
+        self._store = store
         self.spec = settings.spec
         self._pool = ThreadPoolExecutor(
             max_workers=self.spec.scaling.concurrency, thread_name_prefix=f"fn-{self.spec.name}"
@@ -74,7 +76,7 @@ class Worker:
         t0 = time.perf_counter()
         with _tracer.start_as_current_span("worker.init", attributes={"function": self.spec.name}):
             self._models = await loop.run_in_executor(
-                self._pool, acquire_models, self.spec, self.settings.store_socket
+                self._pool, acquire_models, self.spec, self._store
             )
             code: FunctionCode = await loop.run_in_executor(self._pool, load_code, self.spec)
             self._code = code
@@ -171,12 +173,12 @@ def _extract(carrier: Mapping[str, str]) -> Any:
     return extract_context(dict(carrier))
 
 
-async def _serve(settings: WorkerSettings) -> int:
+async def _serve(settings: WorkerSettings, store: Any) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(settings)
+    worker = Worker(settings, store)
     await worker.server.start()
     try:
         try:
@@ -216,12 +218,16 @@ def run_worker(settings: WorkerSettings) -> int:
 
     from trims.telemetry import setup_logging, setup_tracing
 
-    confine(settings.confinement)
+    store: list[Any] = []
+    if settings.spec.models:
+        confine(settings.confinement, lambda: store.append(connect_store(settings.store_socket)))
+    else:
+        confine(settings.confinement)
     setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
     try:
-        return uvloop.run(_serve(settings))
+        return uvloop.run(_serve(settings, store[0] if store else None))
     finally:
         # The caller leaves with os._exit (a hung handler thread must not block the exit), so
         # batched spans would be lost without this flush.

@@ -15,6 +15,7 @@ import pwd
 import resource
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trims.errors import ValidationError
@@ -96,9 +97,13 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def confine(c: Confinement) -> None:
+def confine(c: Confinement, before_drop: Callable[[], None] | None = None) -> None:
+    """Apply ``c``; ``before_drop`` runs with the original privileges (e.g. to connect to a
+    socket the target user may not open: the store socket stays usable, the admin one not)."""
     if c.memory_bytes is not None:
         apply_memory_limit(c.memory_bytes, c.threads)
+    if before_drop is not None:
+        before_drop()
     if c.run_as is not None:
         drop_privileges(c.run_as)
     if c.parent_pid is not None:

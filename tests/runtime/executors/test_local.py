@@ -372,30 +372,57 @@ async def test_zygote_children_inherit_preloaded_modules(
     assert ra["random"] != rb["random"], "forked workers share the zygote's random state"
 
 
+RUN_AS_HANDLER = """
+import os
+from trims.errors import TrimsError
+from trims.runtime.client import StoreClient
+
+def handler(request, ctx):
+    try:
+        StoreClient(os.environ["TRIMS_SOCKET"], timeout=5).evict("vec")
+        admin = "allowed"
+    except TrimsError as e:
+        admin = type(e).__name__
+    model = ctx.models["vec"]
+    return {"uid": os.getuid(), "sum": float(model.numpy()["w"].sum()), "via": model.via,
+            "admin": admin}
+"""
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="dropping to another user needs root")
-async def test_run_as_drops_privileges(
-    local_executor: Callable[..., LocalExecutor],
+async def test_run_as_drops_privileges_but_keeps_the_store(
+    start_daemon: Callable[..., object], local_executor: Callable[..., LocalExecutor]
 ) -> None:
+    """The worker connects to the store before dropping to ``nobody``; the admin socket
+    (0600, the store's owner) stays out of the function's reach."""
+    import pwd
+    import shutil
+
     from trims.runtime.functions.spec import parse_spec
 
+    daemon = start_daemon(models={"vec": {"w": np.ones(10, dtype=np.float32)}})
     code = Path(tempfile.mkdtemp(prefix="trims-runas-"))
     try:
         code.chmod(0o755)
-        (code / "handler.py").write_text(
-            "import os\n\ndef handler(request, ctx):\n    return {'uid': os.getuid()}\n"
-        )
+        (code / "handler.py").write_text(RUN_AS_HANDLER)
         (code / "handler.py").chmod(0o644)
-        spec = parse_spec({"name": "whoami", "handler": "handler:handler", "code_dir": str(code)})
-        executor = local_executor(run_as="nobody", state_dir=None)
+        spec = parse_spec(
+            {"name": "whoami", "handler": "handler:handler", "code_dir": str(code),
+             "models": [{"name": "vec"}]}
+        )  # fmt: skip
+        executor = local_executor(
+            run_as="nobody",
+            state_dir=None,
+            store_socket=daemon.socket,  # type: ignore[attr-defined]
+        )
         instance = await executor.start(spec, "whoami-1")
         await instance.wait_ready(30)
-        import pwd
-
-        assert json.loads(await _invoke(instance)) == {"uid": pwd.getpwnam("nobody").pw_uid}
+        reply = json.loads(await _invoke(instance))
+        assert reply["uid"] == pwd.getpwnam("nobody").pw_uid
+        assert (reply["sum"], reply["via"]) == (10.0, "store")
+        assert reply["admin"] != "allowed"
         await executor.close()
     finally:
-        import shutil
-
         shutil.rmtree(code, ignore_errors=True)
 
 
