@@ -86,3 +86,16 @@ async def test_init_failure_answers_502_with_the_workers_reason(start_gateway):
     assert b"config lacks 'answer'" in body
     status, _, _ = await gw.invoke("echo-missing", b"x")
     assert status == 404
+
+
+async def test_garbage_and_memory_hogs_get_502_and_the_function_keeps_serving(start_gateway):
+    gw = await start_gateway()
+    spec = echo_spec()
+    spec["resources"] = {"memory": "256MiB"}
+    await gw.deploy(spec)
+    status, _, body = await gw.invoke("echo", b"garbage")
+    assert status == 502 and b"object" in body
+    status, _, body = await gw.invoke("echo", b"hog")
+    assert status == 502 and b"memory" in body
+    status, _, body = await gw.invoke("echo", b"still here")
+    assert (status, body) == (200, b"still here")

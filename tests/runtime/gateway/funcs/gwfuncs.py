@@ -26,6 +26,10 @@ def handler(request: Request, ctx: Context) -> Any:
         return f"{context.trace_id:032x}-{context.span_id:016x}"
     if body == b"headers":
         return dict(request.headers)
+    if body == b"garbage":
+        return object()
+    if body == b"hog":
+        return str(np.ones(1 << 30, dtype=np.uint8).sum())
     return Response(body=body, headers={"Content-Type": request.content_type})
 
 
