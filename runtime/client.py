@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -36,12 +36,9 @@ from trims.errors import (
 )
 from trims.errors import Timeout as TrimsTimeout
 from trims.layout import Manifest
-from trims.protocol import Op, recv_frame, send_frame
+from trims.protocol import Op, Progress, recv_frame, send_frame
 
 log = logging.getLogger(__name__)
-
-#: (stage, done_bytes, total_bytes or None); stages "download", "convert", "verify", "load".
-Progress = Callable[[str, int, int | None], None]
 
 #: Operations that may run for minutes (downloads, conversion); the read timeout grows to this.
 LONG_OP_TIMEOUT = 3600.0

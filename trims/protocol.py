@@ -68,7 +68,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -83,6 +83,11 @@ HEADER_SIZE = HEADER.size
 MAX_FRAME = 16 << 20
 #: Most descriptors one frame may carry.
 MAX_FDS = 16
+
+
+#: Progress callback of long operations: (stage, done_bytes, total_bytes or None). The daemon
+#: reports through it and sends progress frames; the client passes those frames to one.
+Progress = Callable[[str, int, int | None], None]
 
 
 class Op(StrEnum):

@@ -13,18 +13,16 @@ import hashlib
 import logging
 import mmap
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import PAGE, Manifest, TensorEntry, TensorSpec, align_up, plan
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
-
-#: Progress callback: (stage, done_bytes, total_bytes or None).
-Progress = Callable[[str, int, int | None], None]
 
 #: Chunks larger than this are split before writing, so progress advances smoothly.
 CHUNK = 8 << 20

@@ -24,7 +24,7 @@ import logging
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import SplitResult, urlsplit
@@ -39,10 +39,10 @@ from trims.errors import (
     Unavailable,
     ValidationError,
 )
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, int, int | None], None]
 
 SCHEMES = ("http", "https", "s3")
 CHUNK = 1 << 20

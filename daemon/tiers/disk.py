@@ -22,17 +22,15 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from trims.config import format_size
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
 from trims.layout import Manifest, validate_digest
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 
-#: Progress callback: (stage, done_bytes, total_bytes or None).
-Progress = Callable[[str, int, int | None], None]
 CHUNK = 8 << 20
 
 

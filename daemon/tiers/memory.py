@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-#: (stage, done_bytes, total_bytes_or_None); stages "load" and "verify" here.
-Progress = Callable[[str, int, int | None], None]
+from trims.protocol import Progress
 
 
 @dataclass(frozen=True)
