@@ -106,7 +106,7 @@ def ingest(
         manifest: Manifest = convert(
             local, layout, name=name, version=version, fmt=fmt, progress=progress
         )
-        if make_room is not None:
+        if make_room is not None and not disk.contains(manifest.digest):
             make_room(manifest.total_bytes)
         disk.commit(layout, manifest, progress)
     finally:

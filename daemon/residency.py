@@ -157,34 +157,38 @@ class Residency:
         sha256: str | None,
         progress: Progress | None,
     ) -> Manifest:
-        """Ingest into the disk tier; when it does not fit, evict by policy and try once more."""
+        """Ingest into the disk tier, evicting by policy before the commit when it does not fit.
+
+        The eviction runs on the event loop (which owns the ledgers) while the ingest thread
+        waits for it, so a remote source is downloaded once even when room must be made.
+        """
         from trims.daemon.ingest import ingest
 
-        for attempt in range(2):
-            try:
-                manifest: Manifest = await asyncio.to_thread(
-                    ingest,
-                    source,
-                    name=name,
-                    version=version,
-                    fmt=fmt,
-                    expected_sha256=sha256,
-                    disk=self.disk,
-                    s3_endpoint=self.settings.s3_endpoint,
-                    progress=progress,
-                    max_bytes=self.settings.budgets.disk,
-                )
-            except ResourceExhausted as e:
-                needed = e.details.get("needed")
-                if attempt or not isinstance(needed, int):
-                    raise
-                self.sync_disk_ledger()
-                for victim in self.disk_ledger.plan(needed, self._disk_evictable):
-                    self.evict_disk(victim.digest, f"needed {format_size(needed)} for {name}")
-                continue
+        loop = asyncio.get_running_loop()
+
+        async def evict_for(needed: int) -> None:
             self.sync_disk_ledger()
-            return manifest
-        raise AssertionError("unreachable")
+            for victim in self.disk_ledger.plan(needed, self._disk_evictable):
+                self.evict_disk(victim.digest, f"needed {format_size(needed)} for {name}")
+
+        def make_room(needed: int) -> None:
+            asyncio.run_coroutine_threadsafe(evict_for(needed), loop).result()
+
+        manifest: Manifest = await asyncio.to_thread(
+            ingest,
+            source,
+            name=name,
+            version=version,
+            fmt=fmt,
+            expected_sha256=sha256,
+            disk=self.disk,
+            s3_endpoint=self.settings.s3_endpoint,
+            progress=progress,
+            max_bytes=self.settings.budgets.disk,
+            make_room=make_room,
+        )
+        self.sync_disk_ledger()
+        return manifest
 
     def sync_disk_ledger(self) -> None:
         """Match the disk ledger to the blobs on disk, keeping the usage figures it has."""
