@@ -19,6 +19,13 @@ from trims.errors import ResourceExhausted
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    #: Every path requested, in order (the tests count downloads with it).
+    requested: list[str] = []
+
+    def do_GET(self) -> None:
+        self.requested.append(self.path)
+        super().do_GET()
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -65,8 +72,10 @@ def test_remote_blobs_are_evicted_lru_and_fetched_again(
             admin.result("add", name=name, source=f"{url}/{name}.safetensors")
         _touch(admin, "a")
         _touch(admin, "c")
+        _QuietHandler.requested.clear()
         admin.result("add", name="d", source=f"{url}/d.safetensors")
         assert _on_disk(admin) == {"local", "a", "c", "d"}
+        assert _QuietHandler.requested == ["/d.safetensors"], "making room must not re-download"
         _touch(admin, "b")
         assert _on_disk(admin) == {"local", "b", "c", "d"}
         stats = admin.result("stats")["tiers"]["disk"]
