@@ -46,6 +46,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--instance-limit", type=int, default=64, help="most instances one function may ask for"
     )
+    parser.add_argument(
+        "--max-instances-total",
+        type=int,
+        help="most instances across all functions; idle ones are stopped to make room",
+    )
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint (default: env)")
     parser.add_argument("--no-zygote", action="store_true", help="local: spawn fresh interpreters")
     parser.add_argument(
@@ -71,6 +76,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         state_dir=args.state_dir,
         drain_timeout_s=args.drain_timeout,
         instance_limit=args.instance_limit,
+        max_instances_total=args.max_instances_total,
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
         access_log=args.access_log,
     )

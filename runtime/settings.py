@@ -54,6 +54,9 @@ class GatewaySettings:
     #: Most instances one function may ask for (its min and max); a spec asking for more is
     #: refused, so one deploy cannot fork hundreds of workers on the node.
     instance_limit: int = 64
+    #: Most instances on this node across all functions (memory is finite); None = no limit.
+    #: At the limit, the least recently used idle instance is stopped to make room.
+    max_instances_total: int | None = None
     #: Seconds SIGTERM waits for in-flight requests before instances are stopped.
     drain_timeout_s: float = 30.0
     #: Seconds an async invocation result is kept after it finished.
@@ -75,6 +78,8 @@ class GatewaySettings:
             raise ValidationError(f"port {self.port} is out of range; use 0..65535")
         if self.drain_timeout_s < 0:
             raise ValidationError("drain timeout must not be negative")
+        if self.max_instances_total is not None and self.max_instances_total < 1:
+            raise ValidationError("max instances total must be at least 1 (or unset)")
         if self.instance_limit < 1:
             raise ValidationError("instance limit must be at least 1")
         if self.max_invocations < 1:

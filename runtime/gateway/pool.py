@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 from trims.runtime.executors.base import Executor, Instance
 from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.metrics import GatewayMetrics
 
 from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
@@ -77,12 +78,14 @@ class Pool:
         executor: Executor,
         metrics: GatewayMetrics,
         *,
+        budget: InstanceBudget | None = None,
         start_timeout_s: float = 120.0,
         stop_grace_s: float = 5.0,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self._executor = executor
+        self._budget = budget or InstanceBudget(None)
         self._scaling = spec.scaling
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = stop_grace_s
@@ -111,6 +114,7 @@ class Pool:
         if self._reaper is not None:
             raise RuntimeError(f"pool of {self.name} started twice")
         self._reaper = asyncio.create_task(self._reap_forever(), name=f"trims-reaper-{self.name}")
+        self._budget.register(self)
         self._ensure_min()
 
     async def close(self, drain_timeout_s: float) -> None:
@@ -138,6 +142,8 @@ class Pool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._reaper is not None:
             await asyncio.gather(self._reaper, return_exceptions=True)
+        self._budget.unregister(self)
+        self._budget.capacity_changed()
 
     # -- the request path ----------------------------------------------------------------------
 
@@ -191,6 +197,8 @@ class Pool:
             slot.last_used = time.monotonic()
             if slot.state == "ready":
                 self._dispatch()
+                if slot.inflight == 0 and self._budget.limit is not None:
+                    self._budget.capacity_changed()
 
     def _take_free(self) -> Slot | None:
         """A ready slot with spare concurrency when nobody queues before us, else None."""
@@ -276,14 +284,18 @@ class Pool:
         concurrency = self._scaling.concurrency
         starting = sum(1 for s in self.slots if s.state == "starting")
         unserved = len(self._waiters) - starting * concurrency
-        while unserved > 0 and self._active() < self._scaling.max_instances:
+        while (
+            unserved > 0
+            and self._active() < self._scaling.max_instances
+            and self._budget.try_start()
+        ):
             self._start_instance()
             unserved -= concurrency
 
     def _ensure_min(self) -> None:
         if self._closed:
             return
-        while self._active() < self._scaling.min_instances:
+        while self._active() < self._scaling.min_instances and self._budget.try_start():
             self._start_instance()
 
     def _start_instance(self) -> None:
@@ -363,6 +375,7 @@ class Pool:
         finally:
             if slot in self.slots and slot.instance is None:
                 self.slots.remove(slot)
+                self._budget.capacity_changed()
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -401,6 +414,38 @@ class Pool:
                     self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
             if self._start_failures < 3:
                 self._ensure_min()
+
+    # -- the node budget (see budget.py) ----------------------------------------------------------
+
+    def instance_total(self) -> int:
+        return len(self.slots)
+
+    def instance_draining(self) -> int:
+        return sum(1 for s in self.slots if s.state == "draining")
+
+    def _idle_slot(self) -> Slot | None:
+        if self._active() <= self._scaling.min_instances:
+            return None
+        idle = [s for s in self.slots if s.state == "ready" and s.inflight == 0]
+        return min(idle, key=lambda s: s.last_used) if idle else None
+
+    def idle_since(self) -> float | None:
+        slot = self._idle_slot()
+        return slot.last_used if slot is not None else None
+
+    def evict_idle(self) -> None:
+        slot = self._idle_slot()
+        if slot is None:
+            return
+        log.info("function %s: instance %s stopped to make room for another", self.name, slot.id)
+        slot.state = "draining"
+        self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+
+    def wants_instances(self) -> bool:
+        return bool(self._waiters)
+
+    def retry_scale_up(self) -> None:
+        self._scale_up()
 
     # -- introspection -------------------------------------------------------------------------
 

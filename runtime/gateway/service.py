@@ -20,6 +20,7 @@ import numpy as np
 from opentelemetry import trace
 from trims.runtime.executors.base import Executor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.invocations import Invocations, Outcome
 from trims.runtime.gateway.metrics import GatewayMetrics
 from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
@@ -50,6 +51,7 @@ class Gateway:
         self.pools: dict[str, Pool] = {}
         self.pipelines: dict[str, PipelineSpec] = {}
         self.metrics = GatewayMetrics(self._instance_counts)
+        self.budget = InstanceBudget(settings.max_instances_total)
         self.invocations = Invocations(
             ttl_s=settings.invocation_ttl_s, capacity=settings.max_invocations
         )
@@ -127,7 +129,7 @@ class Gateway:
                 f"function {spec.name} exists; PUT /v1/functions/{spec.name} updates it"
             )
         executor = self._executor(spec.executor or self.settings.executor)
-        pool = Pool(spec, executor, self.metrics)
+        pool = Pool(spec, executor, self.metrics, budget=self.budget)
         self.pools[spec.name] = pool
         pool.start()
         self._save("functions", spec.name, spec.to_dict())
