@@ -29,7 +29,7 @@ from trims.runtime.executors.zygote import Zygote
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
-from trims.errors import NotFound, ValidationError
+from trims.errors import NotFound, Unavailable, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class LocalExecutor:
         self._state_dir: Path | None = settings.state_dir
         self._zygote: Zygote | None = None
         self._zygote_lock = asyncio.Lock()
+        self._zygote_failed = False
         self._instances: dict[str, LocalInstance] = {}
         self._closed = False
 
@@ -212,8 +213,7 @@ class LocalExecutor:
 
     async def prepare(self) -> None:
         """Start the zygote now rather than on the first cold start (no-op without zygote)."""
-        if self.settings.zygote:
-            await self._get_zygote()
+        await self._zygote_or_none()
 
     async def _get_zygote(self) -> Zygote:
         async with self._zygote_lock:
@@ -225,6 +225,18 @@ class LocalExecutor:
                     env=self._base_env(),
                 )  # fmt: skip
             return self._zygote
+
+    async def _zygote_or_none(self) -> Zygote | None:
+        """The zygote, or None in spawn mode or when it cannot start (instances then spawn:
+        slower cold starts, but the function still runs)."""
+        if not self.settings.zygote or self._zygote_failed:
+            return None
+        try:
+            return await self._get_zygote()
+        except Unavailable as e:
+            self._zygote_failed = True
+            log.error("%s; starting instances as fresh interpreters instead", e.message)
+            return None
 
     def _worker_argv(
         self, spec: FunctionSpec, instance_id: str, socket_path: Path, parent: int
@@ -257,8 +269,8 @@ class LocalExecutor:
         env.update(spec.env)
         cwd = spec.code_dir or str(state)
         process: _Process
-        if self.settings.zygote:
-            zygote = await self._get_zygote()
+        zygote = await self._zygote_or_none()
+        if zygote is not None:
             argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid)
             process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
         else:

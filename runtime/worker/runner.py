@@ -32,6 +32,7 @@ from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine
 from trims.runtime.worker.server import ListenAddress, WorkerServer
 
+from trims.config import format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
 
 log = logging.getLogger(__name__)
@@ -144,27 +145,40 @@ class Worker:
             status, reply_headers, body = to_reply(self.spec.name, result)
             meta = {"s": status, "h": reply_headers} if reply_headers or status != 200 else {}
             return meta, body
-        except MemoryError as e:
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise self._failed(name, e, span) from e
             self.out_of_memory.set()
             if span is not None:
                 span.record_exception(e)
             limit = self.spec.resources.memory_bytes
             raise UpstreamError(
                 f"{name} of {self.spec.name} ran out of memory"
-                + (f" (limit {limit} bytes)" if limit else "")
+                + (f" (limit {format_size(limit)})" if limit else "")
                 + "; the instance is replaced"
             ) from e
         except (TrimsError, asyncio.CancelledError):
             raise
         except Exception as e:
-            if span is not None:
-                span.record_exception(e)
-            log.exception("%s of %s raised", name, self.spec.name)
-            raise UpstreamError(f"{name} of {self.spec.name} raised {type(e).__name__}: {e}") from e
+            raise self._failed(name, e, span) from e
+
+    def _failed(self, name: str, e: Exception, span: trace.Span | None) -> UpstreamError:
+        if span is not None:
+            span.record_exception(e)
+        log.exception("%s of %s raised", name, self.spec.name)
+        return UpstreamError(f"{name} of {self.spec.name} raised {type(e).__name__}: {e}")
 
     def close(self) -> None:
         self._models.release_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, or a framework's allocator failing (torch: "can't allocate memory")."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e)
+    return "can't allocate memory" in text or "std::bad_alloc" in text
 
 
 def _extract(carrier: Mapping[str, str]) -> Any:

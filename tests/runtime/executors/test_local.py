@@ -531,3 +531,15 @@ async def test_worker_spans_are_exported_in_the_callers_trace(
     exported = b"".join(received)
     assert bytes.fromhex(trace_id) in exported
     assert b"handler traced" in exported and b"worker.init" in exported
+
+
+async def test_a_zygote_that_cannot_start_falls_back_to_spawning(
+    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor], tmp_path: Path
+) -> None:
+    (tmp_path / "broken_framework.py").write_text("raise SystemExit('cannot initialise')\n")
+    executor = local_executor(preload=("broken_framework",), env={"PYTHONPATH": str(tmp_path)})
+    await executor.prepare()
+    assert executor.zygote_pid is None
+    instance = await executor.start(make_function(ECHO), "fallback")
+    await instance.wait_ready(60)
+    assert await _invoke(instance, b"still works") == b"still works"
