@@ -50,17 +50,28 @@ spec="$ctx/src"
 echo "building wheels for trims${EXTRAS:+[$EXTRAS]} and its dependencies (cache $WHEELS)"
 # pip wheel puts every wheel this build resolves into the context, taking those already in the
 # cache from there; the cache then keeps them for the next build.
-"$PY" -m pip wheel -q --find-links "$WHEELS" -w "$ctx/wheels" "$spec" \
-  >"$ctx/pip.log" 2>&1 || {
+# The build backend too, so later builds can run from the cache alone.
+if ! ls "$WHEELS"/setuptools-*.whl "$WHEELS"/wheel-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip download -q --only-binary=:all: -d "$WHEELS" "setuptools>=68" wheel \
+    >"$ctx/pip.log" 2>&1 || echo "could not cache setuptools/wheel; using the index" >&2
+fi
+# The cache alone first (offline, fast); the package index only for what it lacks.
+"$PY" -m pip wheel -q --no-index --find-links "$WHEELS" -w "$ctx/wheels" "$spec" \
+  >"$ctx/pip.log" 2>&1 ||
+  "$PY" -m pip wheel -q --find-links "$WHEELS" -w "$ctx/wheels" "$spec" \
+    >>"$ctx/pip.log" 2>&1 || {
   tail -n 30 "$ctx/pip.log" >&2
   exit 1
 }
 find "$ctx/wheels" -name '*.whl' ! -name 'trims-*' -exec cp -n {} "$WHEELS/" \;
 rm -rf "$ctx/src"
+mkdir "$ctx/project"
+mv "$ctx/wheels"/trims-*.whl "$ctx/project/"
+mv "$ctx/wheels" "$ctx/deps"
 cp dockerfiles/runtime.Dockerfile "$ctx/Dockerfile"
-trims_spec=trims
-[ -n "$EXTRAS" ] && trims_spec="trims[$EXTRAS]"
-echo "docker build $IMAGE on $BASE (--network none, $(ls "$ctx/wheels" | wc -l) wheels)"
-docker build -q --network none --build-arg BASE_IMAGE="$BASE" --build-arg TRIMS_SPEC="$trims_spec" \
+echo "docker build $IMAGE on $BASE (--network none, $(ls "$ctx/deps" | wc -l) dependency wheels)"
+docker build -q --network none --build-arg BASE_IMAGE="$BASE" \
   --build-arg SOURCE_DIGEST="$digest" -t "$IMAGE" "$ctx" >/dev/null
+# Earlier builds of this tag are now dangling: drop them.
+docker image prune -f --filter "label=org.trims.image=runtime" >/dev/null
 echo "image $IMAGE built (sources $digest)"

@@ -5,25 +5,26 @@
 #   docker build --network none --build-arg BASE_IMAGE=trims-base:bookworm \
 #     -f dockerfiles/runtime.Dockerfile CONTEXT
 #
-# CONTEXT holds wheels/ (trims + every dependency). The base must provide python3 with venv
+# CONTEXT holds project/ (the trims wheel) and deps/ (every dependency's wheel). The base must provide python3 with venv
 # (build-base.sh makes one from Debian packages with debootstrap) and, optionally, tini.
 ARG BASE_IMAGE=trims-base:bookworm
 FROM ${BASE_IMAGE}
 
 ARG TRIMS_UID=10001
-ARG TRIMS_SPEC=trims
-ARG SOURCE_DIGEST=unknown
-LABEL org.trims.image="runtime" \
-      org.trims.source-digest="${SOURCE_DIGEST}"
 
-COPY wheels/ /tmp/wheels/
+# Dependencies first, the project second: a change to trims alone reuses the dependency layer.
+COPY deps/ /tmp/deps/
 RUN python3 -m venv /opt/trims \
- && /opt/trims/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels "${TRIMS_SPEC}" \
- && rm -rf /tmp/wheels \
+ && /opt/trims/bin/pip install --no-index --no-cache-dir --find-links /tmp/deps /tmp/deps/*.whl \
+ && rm -rf /tmp/deps \
  && echo "trims:x:${TRIMS_UID}:${TRIMS_UID}:trims function:/home/trims:/usr/sbin/nologin" >> /etc/passwd \
  && echo "trims:x:${TRIMS_UID}:" >> /etc/group \
  && mkdir -p /home/trims /run/trims/w \
  && chown "${TRIMS_UID}:${TRIMS_UID}" /home/trims /run/trims/w
+COPY project/ /tmp/project/
+RUN /opt/trims/bin/pip install --no-index --no-cache-dir --no-deps /tmp/project/*.whl \
+ && rm -rf /tmp/project \
+ && /opt/trims/bin/trims --version
 
 ENV PATH=/opt/trims/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -32,6 +33,10 @@ ENV PATH=/opt/trims/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
     TRIMS_SOCKET=/run/trims/store.sock
 USER ${TRIMS_UID}:${TRIMS_UID}
 WORKDIR /home/trims
+# Declared last: a new digest on every source change must not invalidate the layers above.
+ARG SOURCE_DIGEST=unknown
+LABEL org.trims.image="runtime" \
+      org.trims.source-digest="${SOURCE_DIGEST}"
 # tini reaps children and forwards SIGTERM so the worker drains before the container stops.
 ENTRYPOINT ["/usr/bin/tini", "--", "trims"]
 CMD ["--help"]
