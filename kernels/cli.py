@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from trims.kernels import studies
 
 from trims.errors import ValidationError
 
@@ -84,16 +84,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def machine() -> dict[str, Any]:
-    """Where the numbers come from (the machine may be shared: the load average says so)."""
-    return {
-        "cpus": os.cpu_count(),
-        "loadavg_1m": os.getloadavg()[0],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
 def markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A markdown table of ``columns`` from ``rows`` (floats to 4 significant digits)."""
 
@@ -106,75 +96,66 @@ def markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def _tcu(args: argparse.Namespace) -> dict[str, Any]:
-    from trims.kernels import tcu_bench
-
     try:
-        segments = tuple(int(s) for s in args.segments.split(",") if s.strip())
+        segments = [int(s) for s in args.segments.split(",") if s.strip()]
     except ValueError as e:
         raise ValidationError(f"--segments takes comma-separated integers: {e}") from e
-    settings = tcu_bench.TcuSettings(args.min_log2, args.max_log2, segments, args.backend,
-                                     args.repeat)  # fmt: skip
-    rows = [r.to_dict() for r in tcu_bench.run(settings)]
-    print(markdown(rows, ("operation", "segment", "total", "method", "elements_per_s",
-                          "copy_fraction", "error_ratio")))  # fmt: skip
+    settings = studies.settings_from("tcu", {
+        "min_log2": args.min_log2, "max_log2": args.max_log2, "segments": segments,
+        "backend": args.backend, "repeat": args.repeat,
+    })  # fmt: skip
+    result = studies.run("tcu", settings)
+    print(markdown(result["rows"], ("operation", "segment", "total", "method", "elements_per_s",
+                                    "copy_fraction", "error_ratio")))  # fmt: skip
     if args.plots:
         from trims.kernels import plots
 
-        plots.tcu(rows, args.plots)
-    return {"study": "tcu", "machine": machine(), "settings": vars_of(settings), "rows": rows}
+        plots.tcu(result["rows"], args.plots)
+    return result
 
 
 def _klap(args: argparse.Namespace) -> dict[str, Any]:
-    from trims.kernels import klap_bench
-
-    settings = klap_bench.KlapSettings(
-        rmat_scale=args.rmat_scale,
-        spmv_rows=args.spmv_rows,
-        mandelbrot_size=args.mandelbrot_size,
-        tree_nodes=args.tree_nodes,
-        repeat=args.repeat,
-        backend=args.backend,
-    )
-    rows_, summary = klap_bench.run(settings)
-    rows = [r.to_dict() for r in rows_]
-    print(markdown(rows, ("app", "variant", "launch_side", "seconds", "launches", "speedup",
-                          "correct")))  # fmt: skip
+    settings = studies.settings_from("klap", {
+        "rmat_scale": args.rmat_scale, "spmv_rows": args.spmv_rows,
+        "mandelbrot_size": args.mandelbrot_size, "tree_nodes": args.tree_nodes,
+        "repeat": args.repeat, "backend": args.backend,
+    })  # fmt: skip
+    result = studies.run("klap", settings)
+    print(markdown(result["rows"], ("app", "variant", "launch_side", "seconds", "launches",
+                                    "speedup", "correct")))  # fmt: skip
     print("\ngeometric-mean speedup over per-parent launches: "
-          + ", ".join(f"{k} {v:.2f}x" for k, v in summary.items()))  # fmt: skip
+          + ", ".join(f"{k} {v:.2f}x" for k, v in result["geomean_speedup"].items()))  # fmt: skip
     if args.plots:
         from trims.kernels import plots
 
-        plots.klap(rows, args.plots)
-    return {"study": "klap", "machine": machine(), "settings": vars_of(settings), "rows": rows,
-            "geomean_speedup": summary}  # fmt: skip
+        plots.klap(result["rows"], args.plots)
+    return result
 
 
 def _transfer(args: argparse.Namespace) -> dict[str, Any]:
-    from trims.kernels import transfer
+    from trims.kernels.transfer import FULL_MAX_LOG2
 
-    max_log2 = transfer.FULL_MAX_LOG2 if args.full else args.max_log2
-    settings = transfer.TransferSettings(min_log2=args.min_log2, max_log2=max_log2,
-                                         repeat=args.repeat, ipc=not args.no_ipc,
-                                         gpu=args.gpu)  # fmt: skip
-    rows = [r.to_dict() for r in transfer.run(settings)]
-    print(markdown(rows, ("domain", "modality", "size", "cache", "seconds", "bandwidth")))
+    settings = studies.settings_from("transfer", {
+        "min_log2": args.min_log2, "max_log2": FULL_MAX_LOG2 if args.full else args.max_log2,
+        "repeat": args.repeat, "ipc": not args.no_ipc, "gpu": args.gpu,
+    })  # fmt: skip
+    result = studies.run("transfer", settings)
+    print(markdown(result["rows"], ("domain", "modality", "size", "cache", "seconds",
+                                    "bandwidth")))  # fmt: skip
     if args.plots:
         from trims.kernels import plots
 
-        plots.transfer(rows, args.plots)
-    return {"study": "transfer", "machine": machine(), "settings": vars_of(settings),
-            "rows": rows}  # fmt: skip
+        plots.transfer(result["rows"], args.plots)
+    return result
 
 
 def _als(args: argparse.Namespace) -> dict[str, Any]:
-    from trims.kernels import als_bench
-
-    settings = als_bench.AlsSettings(dataset=args.dataset, backend=args.backend,
-                                     implicit_factors=args.factors,
-                                     implicit_iterations=args.iterations,
-                                     explicit_iterations=args.explicit_iterations,
-                                     peer=not args.no_peer)  # fmt: skip
-    result = als_bench.run(settings)
+    settings = studies.settings_from("als", {
+        "dataset": args.dataset, "backend": args.backend, "implicit_factors": args.factors,
+        "implicit_iterations": args.iterations,
+        "explicit_iterations": args.explicit_iterations, "peer": not args.no_peer,
+    })  # fmt: skip
+    result = studies.run("als", settings)
     print(markdown([{"part": k, **v} for k, v in result.items()],
                    ("part", "rmse", "precision_at_10", "peer_precision_at_10", "s_per_iter",
                     "peer_s_per_iter")))  # fmt: skip
@@ -183,9 +164,3 @@ def _als(args: argparse.Namespace) -> dict[str, Any]:
 
         plots.als(result, args.plots)
     return result
-
-
-def vars_of(settings: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(settings)
