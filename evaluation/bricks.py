@@ -20,7 +20,7 @@ from trims.evaluation import submodel
 
 if TYPE_CHECKING:
     import onnx
-    from trims.evaluation.generator import Bencher, Benchmark
+    from trims.evaluation.generator import Bencher
     from trims.evaluation.ir import ModelIR
 
 
@@ -170,36 +170,45 @@ def study(
     irs: list[ModelIR],
     bencher: Bencher,
     granularities: list[int],
-    progress: Callable[[list[Benchmark], str], Iterable[Benchmark]],
+    progress: Callable[[list[ModelIR], str], Iterable[ModelIR]],
 ) -> list[BrickStudy]:
-    """Measure every model whole and every unique brick once per granularity; compare."""
+    """Measure every model whole and every unique brick once per granularity; compare.
+
+    Measurement is interleaved: a model is measured whole, then its bricks not yet measured
+    (for every granularity), then the next model, so a slow drift in the machine's background
+    load cannot separate "whole" from "bricks". Bricks equal across granularities are one
+    database row; each granularity's benchmarking time still counts every brick it needs.
+    """
     from trims.evaluation import generator
 
     overhead = bencher.overhead_ms()
+    per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
     measured: dict[str, float] = {}
+    times: dict[str, float] = {}
+    spent = dict.fromkeys(granularities, 0.0)
+    seen: dict[int, set[str]] = {g: set() for g in granularities}
     time_whole = 0.0
-    wholes = [generator.model_benchmark(ir) for ir in irs]
-    for bench in progress(wholes, "whole models"):
-        m = bencher.run(bench).measurement
-        measured[bench.label] = m.trimmed_mean_ms
-        time_whole += m.elapsed_s
-    by_name = {ir.name: ir for ir in irs}
+    for ir in progress(irs, "models"):
+        whole = bencher.run(generator.model_benchmark(ir)).measurement
+        measured[ir.name] = whole.trimmed_mean_ms
+        time_whole += whole.elapsed_s
+        for g in granularities:
+            for brick in per_g[g][ir.name]:
+                if brick.signature in seen[g]:
+                    continue
+                seen[g].add(brick.signature)
+                bench = generator.Benchmark(
+                    "brick",
+                    brick.signature,
+                    f"{ir.name}/brick@{brick.indices[0]}",
+                    _exporter(ir, brick),
+                )
+                m = bencher.run(bench).measurement
+                times[brick.signature] = m.trimmed_mean_ms
+                spent[g] += m.elapsed_s
     out: list[BrickStudy] = []
     for g in granularities:
-        per_model = {ir.name: decompose(ir, g) for ir in irs}
-        unique = unique_bricks(per_model)
-        benches = [
-            generator.Benchmark(
-                "brick", sig, f"{b.model}/brick@{b.indices[0]}", _exporter(by_name[b.model], b)
-            )
-            for sig, b in unique.items()
-        ]
-        times: dict[str, float] = {}
-        spent = 0.0
-        for bench in progress(benches, f"bricks G={g}"):
-            m = bencher.run(bench).measurement
-            times[bench.signature] = m.trimmed_mean_ms
-            spent += m.elapsed_s
+        per_model = per_g[g]
         models = [
             BrickEstimate(
                 ir.name,
@@ -213,10 +222,10 @@ def study(
             BrickStudy(
                 granularity=g,
                 models=models,
-                unique_bricks=len(unique),
+                unique_bricks=len(seen[g]),
                 total_bricks=sum(len(b) for b in per_model.values()),
                 time_whole_s=time_whole,
-                time_bricks_s=spent,
+                time_bricks_s=spent[g],
             )
         )
     return out
