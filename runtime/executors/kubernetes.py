@@ -215,6 +215,9 @@ def function_pod_template(
         "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "ports": [{"name": "wire", "containerPort": settings.port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "wire"}, "periodSeconds": 2},
+        # The log tail becomes the termination message: "init failed: <reason>" reaches the
+        # exit reason without reading logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": container_resources(spec, settings),
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -180,6 +180,22 @@ async def test_missing_image_is_not_found_with_the_fix(
     assert docker_client.containers.list(all=True, filters=filters) == []
 
 
+def test_gpus_and_network_reach_the_container_request(
+    make_function: MakeFunction, tmp_path: Any
+) -> None:
+    """Pure: the create() arguments, no engine needed (no GPU here to run them on)."""
+    executor = DockerExecutor(network="bridge", store_socket=tmp_path / "absent.sock")
+    spec = make_function(ECHO, name="gpu", resources={"gpus": 2, "cpus": 1})
+    kwargs = executor.container_spec(spec, "gpu-1", tmp_path)
+    (request,) = kwargs["device_requests"]
+    assert (request["Count"], request["Capabilities"]) == (2, [["gpu"]])
+    assert kwargs["network_mode"] == "bridge"
+    assert kwargs["nano_cpus"] == 1_000_000_000
+    assert kwargs["mem_limit"] is None
+    assert kwargs["user"] != "0" and not kwargs["user"].startswith("0:")
+    assert "--store-socket" not in kwargs["command"]
+
+
 def test_root_user_is_refused() -> None:
     with pytest.raises(ValidationError, match="root"):
         DockerExecutor(user="0:0")

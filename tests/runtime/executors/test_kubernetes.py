@@ -86,6 +86,7 @@ def test_pod_is_valid_and_confined(case: str) -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["store-socket"] == CONTAINER_STORE_SOCKET
 
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     args = container["args"]
     assert args[:3] == ["worker", "--listen", f"tcp:0.0.0.0:{settings.port}"]
     spec_json = args[args.index("--spec-json") + 1]
