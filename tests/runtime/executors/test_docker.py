@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from trims.runtime.executors.docker import (
     describe_container_exit,
     remove_orphans,
 )
-from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.functions.spec import FunctionSpec, load_spec_file
 
 from trims.errors import NotFound, UpstreamError, ValidationError
 
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.docker
 MakeFunction = Callable[..., FunctionSpec]
 MakeExecutor = Callable[..., DockerExecutor]
 READY = 60.0
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 ECHO = """
 import os
@@ -79,6 +81,20 @@ async def test_echo_runs_confined_in_a_container_and_is_removed_on_stop(
     filters = {"label": f"{LABEL_INSTANCE}=echo-1"}
     assert docker_client.containers.list(all=True, filters=filters) == []
     assert not instance.socket_dir.exists()
+
+
+async def test_the_echo_example_answers_from_a_container(docker_executor: MakeExecutor) -> None:
+    spec = load_spec_file(EXAMPLES / "echo" / "function.yaml")
+    executor = docker_executor()
+    instance = await executor.start(spec, "example-echo")
+    await instance.wait_ready(READY)
+    reply = await instance.invoke(b"\x00bytes\xff", {"content-type": "x/y"}, timeout=30, trace={})
+    assert (reply.status, reply.body, reply.headers["content-type"]) == (
+        200,
+        b"\x00bytes\xff",
+        "x/y",
+    )
+    await executor.stop(instance, grace_s=5)
 
 
 async def test_model_comes_from_the_daemon_over_the_mounted_socket(
