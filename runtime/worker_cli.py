@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from trims.runtime.worker.runner import WorkerSettings
 
 
+#: Environment variables that carry the trace of the instance's start (W3C trace context).
+TRACE_ENV = ("TRACEPARENT", "TRACESTATE")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--spec", type=Path, help="function spec file (YAML or JSON)")
@@ -66,6 +70,7 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
             parent_pid=args.parent_pid,
         ),
         otlp_endpoint=otlp_endpoint_from_env(dict(os.environ)),
+        start_trace={name.lower(): os.environ[name] for name in TRACE_ENV if os.environ.get(name)},
     )
 
 

@@ -30,6 +30,7 @@ from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
 from trims.errors import NotFound, Unavailable, ValidationError
+from trims.telemetry import inject_context
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,13 @@ class LocalExecutor:
         log_path = state / f"{instance_id}.log"
         env = self._base_env()
         env.update(spec.env)
+        # The caller's current span (the gateway's "instance start") becomes the parent of the
+        # worker's init and model-acquire spans.
+        carrier = inject_context()
+        for name in ("traceparent", "tracestate"):
+            env.pop(name.upper(), None)
+            if carrier.get(name):
+                env[name.upper()] = carrier[name]
         cwd = spec.code_dir or str(state)
         process: _Process
         zygote = await self._zygote_or_none()

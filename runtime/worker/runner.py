@@ -50,6 +50,8 @@ class WorkerSettings:
     store_socket: Path | None = None
     confinement: Confinement = field(default_factory=Confinement)
     otlp_endpoint: str | None = None
+    #: W3C trace context of whoever started the instance: init and model spans join its trace.
+    start_trace: Mapping[str, str] = field(default_factory=dict)
 
 
 class Worker:
@@ -73,13 +75,13 @@ class Worker:
 
     async def initialize(self) -> None:
         """Acquire models, import code, run init(ctx). Raises with the reason on failure."""
-        loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        with _tracer.start_as_current_span("worker.init", attributes={"function": self.spec.name}):
-            self._models = await loop.run_in_executor(
-                self._pool, acquire_models, self.spec, self._store
-            )
-            code: FunctionCode = await loop.run_in_executor(self._pool, load_code, self.spec)
+        parent = _extract(self.settings.start_trace) if self.settings.start_trace else None
+        with _tracer.start_as_current_span(
+            "worker.init", context=parent, attributes={"function": self.spec.name}
+        ):
+            self._models = await self._call(acquire_models, False, self.spec, self._store)
+            code: FunctionCode = await self._call(load_code, False, self.spec)
             self._code = code
             self._ctx = Context(
                 function=self.spec.name,
@@ -89,12 +91,8 @@ class Worker:
                 tracer=trace.get_tracer(f"trims.function.{self.spec.name}"),
                 config=self.spec.config,
             )
-            init = code.init
-            if init is not None:
-                if asyncio.iscoroutinefunction(init):
-                    await init(self._ctx)
-                else:
-                    await loop.run_in_executor(self._pool, init, self._ctx)
+            if code.init is not None:
+                await self._call(code.init, asyncio.iscoroutinefunction(code.init), self._ctx)
         log.info(
             "instance %s of %s ready in %.1f ms",
             self.settings.instance_id, self.spec.name, (time.perf_counter() - t0) * 1e3,

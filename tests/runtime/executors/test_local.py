@@ -500,9 +500,17 @@ async def test_stop_right_after_start(
 
 
 async def test_worker_spans_are_exported_in_the_callers_trace(
-    make_function: MakeFunction, local_executor: Callable[..., LocalExecutor]
+    start_daemon: Callable[..., object],
+    make_function: MakeFunction,
+    local_executor: Callable[..., LocalExecutor],
 ) -> None:
+    """Init and model spans join the trace that started the instance; request spans join the
+    request's trace; both reach an OTLP/HTTP receiver."""
     from aiohttp import web
+    from opentelemetry import trace
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
     received: list[bytes] = []
 
@@ -516,21 +524,39 @@ async def test_worker_spans_are_exported_in_the_callers_trace(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
+    start_trace, request_trace = "11" * 16, "4bf92f3577b34da6a3ce929d0e0e4736"
     try:
         port = runner.addresses[0][1]
-        executor = local_executor(otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces")
-        instance = await executor.start(make_function(ECHO, name="traced"), "traced-1")
+        daemon = start_daemon(models={"vec": {"w": np.ones(4, dtype=np.float32)}})
+        executor = local_executor(
+            otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
+            store_socket=daemon.socket,  # type: ignore[attr-defined]
+        )
+        spec = make_function(ECHO, name="traced", models=[{"name": "vec"}])
+        starter = trace.NonRecordingSpan(
+            trace.SpanContext(
+                int(start_trace, 16), 0x22, is_remote=True,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )
+        )  # fmt: skip
+        with trace.use_span(starter):
+            instance = await executor.start(spec, "traced-1")
         await instance.wait_ready(30)
-        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
         await instance.invoke(
-            b"x", {}, timeout=30, trace={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+            b"x", {}, timeout=30, trace={"traceparent": f"00-{request_trace}-00f067aa0ba902b7-01"}
         )
         await executor.stop(instance, grace_s=20)
     finally:
         await runner.cleanup()
-    exported = b"".join(received)
-    assert bytes.fromhex(trace_id) in exported
-    assert b"handler traced" in exported and b"worker.init" in exported
+    spans: dict[str, str] = {}
+    for body in received:
+        export = ExportTraceServiceRequest.FromString(body)
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    spans[span.name] = span.trace_id.hex()
+    assert spans["worker.init"] == spans["model.acquire"] == start_trace
+    assert spans["handler traced"] == request_trace
 
 
 async def test_a_zygote_that_cannot_start_falls_back_to_spawning(
