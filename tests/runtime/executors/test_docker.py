@@ -242,3 +242,50 @@ async def test_orphans_of_a_dead_executor_are_removed(
 def test_container_state_in_words(state: dict[str, Any], reason: str) -> None:
     logs = "starting\ninit failed: boom\n"
     assert describe_container_exit(state, memory_limit=64 << 20, logs=logs).startswith(reason)
+
+
+async def test_gateway_invokes_a_docker_function_over_http(
+    docker_executor: MakeExecutor,
+    start_daemon: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """The gateway with the docker executor: deploy, cold start a container, invoke, metrics."""
+    import aiohttp
+    from aiohttp import web
+    from trims.runtime.gateway.app import create_app
+    from trims.runtime.settings import GatewaySettings
+
+    weights = np.ones(256, dtype=np.float32)
+    daemon = start_daemon(models={"ones": {"w": weights}})
+    code = tmp_path / "fn"
+    code.mkdir()
+    (code / "handler.py").write_text(
+        "def handler(request, ctx):\n"
+        "    return {'sum': float(ctx.models['ones'].numpy()['w'].sum()), 'body': request.text()}\n"
+    )
+    settings = GatewaySettings(port=0, store_socket=daemon.socket, drain_timeout_s=5.0)
+    app = create_app(settings, lambda name: docker_executor(store_socket=daemon.socket))
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    spec = {
+        "name": "ones",
+        "handler": "handler:handler",
+        "code_dir": str(code),
+        "executor": "docker",
+        "models": [{"name": "ones"}],
+    }
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.put(f"{url}/v1/functions/ones", json=spec) as r:
+                assert r.status in (200, 201), await r.text()
+            async with session.post(f"{url}/v1/functions/ones/invoke", data=b"x") as r:
+                assert r.status == 200, await r.text()
+                assert await r.json() == {"sum": 256.0, "body": "x"}
+            async with session.get(f"{url}/metrics") as r:
+                metrics = await r.text()
+        assert 'trims_cold_starts_total{function="ones"} 1.0' in metrics
+    finally:
+        await runner.cleanup()
