@@ -23,9 +23,10 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trims.runtime.wire import Kind, decode_arrays, encode_arrays
+from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
     ConnectionLost,
     WorkerConnection,
@@ -40,13 +41,13 @@ if TYPE_CHECKING:
     from trims.runtime.functions.spec import FunctionSpec
 
 log = logging.getLogger(__name__)
-_NO_HEADERS: Mapping[str, str] = {}
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     status: int
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
     body: bytes = b""
 
 
@@ -166,7 +167,7 @@ class WorkerInstance(Instance):
 
     async def _request(
         self, kind: Kind, meta: Mapping[str, Any] | None, body: bytes, timeout: float
-    ) -> Any:
+    ) -> Frame:
         conn = self._conn
         if self.exit_reason is not None:
             raise self._died(self.exit_reason)

@@ -86,10 +86,6 @@ class WorkerConnection:
         """The worker's HELLO: {"state": "ready"|"failed", "reason"?, "pid", ...}."""
         return await asyncio.shield(self._p.hello)
 
-    @property
-    def closed(self) -> bool:
-        return self._p.transport is None
-
     async def wait_closed(self) -> None:
         await self._p.closed.wait()
 

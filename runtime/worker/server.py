@@ -132,11 +132,6 @@ class WorkerServer:
             )
         log.debug("worker listening on %s", self.address)
 
-    @property
-    def bound_port(self) -> int:
-        server = cast(asyncio.Server, self._server)
-        return int(server.sockets[0].getsockname()[1])
-
     def set_ready(self) -> None:
         self._state = {**self._hello, "state": "ready"}
         for conn in list(self._connections):

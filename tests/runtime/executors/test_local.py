@@ -332,7 +332,9 @@ async def test_close_stops_every_worker_and_the_zygote(
     for instance in instances:
         await instance.wait_ready(30)
     pids = [i.process.pid for i in instances if isinstance(i, LocalInstance)]
+    assert len(executor.instances) == 2
     await executor.close()
+    assert executor.instances == ()
     await asyncio.sleep(0.1)
     assert all(_gone(pid) for pid in pids)
     with pytest.raises(ValidationError, match="closed"):
