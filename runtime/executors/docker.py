@@ -253,9 +253,8 @@ class DockerInstance(WorkerInstance):
 
 
 async def _remove_container(container: Any) -> None:
-    import docker.errors
-
-    with contextlib.suppress(docker.errors.NotFound):
+    """Remove a container; one that is already gone is fine."""
+    with contextlib.suppress(NotFound):
         await _call(f"remove container {container.id[:12]}", container.remove, force=True)
 
 
@@ -449,18 +448,24 @@ class DockerExecutor:
             shutil.rmtree(self._state_dir, ignore_errors=True)
 
 
-def remove_orphans(client: Any, live_executors: Sequence[str] = ()) -> list[str]:
+def remove_orphans(
+    client: Any,
+    live_executors: Sequence[str] = (),
+    labels: Mapping[str, str] = MappingProxyType({}),
+) -> list[str]:
     """Remove trims containers whose executor is not in ``live_executors``; their names.
 
     For a gateway that restarts after a crash: its old executor never closed, so its containers
-    still run (or sit exited) under labels nobody owns.
+    still run (or sit exited) under labels nobody owns. ``labels`` narrows the sweep to
+    containers that also carry these (the ``labels`` setting of the executors concerned).
     """
     import docker.errors
     import requests.exceptions
 
+    selector = [f"{LABEL_MANAGED}=true", *(f"{k}={v}" for k, v in labels.items())]
     removed: list[str] = []
     try:
-        containers = client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=true"})
+        containers = client.containers.list(all=True, filters={"label": selector})
         for container in containers:
             if container.labels.get(LABEL_EXECUTOR) in live_executors:
                 continue

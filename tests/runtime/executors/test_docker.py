@@ -7,6 +7,7 @@ Each test starts real containers from the image built by dockerfiles/build-image
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -220,12 +221,15 @@ def test_root_user_is_refused() -> None:
 async def test_orphans_of_a_dead_executor_are_removed(
     docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
 ) -> None:
-    crashed = docker_executor()
+    mark = {"org.trims.test": uuid.uuid4().hex}
+    crashed = docker_executor(labels=mark)
     instance = await crashed.start(make_function(ECHO, name="orphan"), "orphan-1")
     await instance.wait_ready(READY)
-    live = docker_executor()
-    removed = remove_orphans(docker_client, live_executors=[live.id])
-    assert any(name.endswith("orphan-1") for name in removed)
+    live = docker_executor(labels=mark)
+    kept = await live.start(make_function(ECHO, name="kept"), "kept-1")
+    removed = remove_orphans(docker_client, live_executors=[live.id], labels=mark)
+    assert [name.rsplit("-", 2)[-2:] for name in removed] == [["orphan", "1"]]
+    assert kept.alive()
     with pytest.raises(UpstreamError, match="orphan-1 of orphan died"):
         await instance.invoke(b"", {}, timeout=30, trace={})
 
