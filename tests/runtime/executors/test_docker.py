@@ -166,6 +166,28 @@ async def test_allocating_past_the_memory_limit_is_reported_as_out_of_memory(
     await executor.stop(instance, grace_s=5)
 
 
+async def test_the_kernel_oom_killer_is_reported_from_the_container_state(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    """No overhead allowance: the cgroup limit bites before the worker's own address-space cap."""
+    executor = docker_executor(memory_overhead_bytes=0)
+    spec = make_function(
+        """
+        def handler(request, ctx):
+            hog = bytearray(b"x") * (60 << 20)
+            return str(len(hog))
+        """,
+        name="oom",
+        resources={"memory_bytes": 64 << 20},
+    )
+    instance = await executor.start(spec, "oom-1")
+    await instance.wait_ready(READY)
+    with pytest.raises(UpstreamError, match=r"out of memory \(container limit 64\.0 MiB\)"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert isinstance(instance, DockerInstance) and instance.state["OOMKilled"] is True
+    await executor.stop(instance, grace_s=5)
+
+
 async def test_init_failure_carries_the_reason(
     docker_executor: MakeExecutor, make_function: MakeFunction
 ) -> None:
