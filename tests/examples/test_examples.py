@@ -69,10 +69,11 @@ async def test_onnx_zoo_matches_the_reference_output(
     from trims.evaluation.zoo import expected_output, materialize, reference_input
 
     out = tmp_path / "squeezenet.onnx"
-    assert _prepare_module("onnx_zoo").main(["--out", str(out), "--no-store"]) == 0
-    _add(store_daemon, "onnx-squeezenet", out, "onnx")
+    prepare = _prepare_module("onnx_zoo")
+    assert prepare.main(["--out", str(out), "--socket", str(store_daemon.socket)]) == 0
     executor = local_executor(store_socket=store_daemon.socket, preload=("numpy", "onnxruntime"))
     instance = await _start(executor, _spec_with_source("onnx_zoo", out))
+    assert store_daemon.request("stats")["result"]["leases"] == 1, "weights not from the store"
     feeds = reference_input(materialize("squeezenet"))
     outputs = await instance.infer(feeds, timeout=60, trace={})
     np.testing.assert_allclose(
@@ -152,8 +153,8 @@ async def test_resnet50_classifies_through_the_store(
     import torch
 
     out = tmp_path / "resnet50.safetensors"
-    assert _prepare_module("resnet50").main(["--out", str(out), "--no-store"]) == 0
-    _add(store_daemon, "resnet50-demo", out, "safetensors")
+    prepare = _prepare_module("resnet50")
+    assert prepare.main(["--out", str(out), "--socket", str(store_daemon.socket)]) == 0
     executor = local_executor(store_socket=store_daemon.socket, preload=("numpy", "torch"))
     instance = await _start(executor, _spec_with_source("resnet50", out))
     image = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
