@@ -53,6 +53,7 @@ RUNTIME_MODULES = (
     "trims.runtime.worker.runner",
     "trims.runtime.worker_cli",
     "trims.runtime.client",
+    "trims.runtime.models",
     "opentelemetry.propagate",
     "uvloop",
     "yaml",

@@ -45,11 +45,17 @@ def worker(tmp_path: Path) -> Iterator[object]:
 
     def start(listen: str, config: dict[str, object] | None = None) -> subprocess.Popen[bytes]:
         (tmp_path / "handler.py").write_text(textwrap.dedent(SLOW))
-        spec = {"name": "slow", "handler": "handler:handler", "code_dir": str(tmp_path)}
         if config:
-            spec["config"] = config
+            # A spec file (YAML, code_dir = its folder) as a container image would ship it.
+            (tmp_path / "function.yaml").write_text(
+                f"name: slow\nhandler: handler:handler\nconfig: {json.dumps(config)}\n"
+            )
+            source = ["--spec", str(tmp_path / "function.yaml")]
+        else:
+            spec = {"name": "slow", "handler": "handler:handler", "code_dir": str(tmp_path)}
+            source = ["--spec-json", json.dumps(spec)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trims", "worker", "--spec-json", json.dumps(spec),
+            [sys.executable, "-m", "trims", "worker", *source,
              "--listen", listen, "--instance-id", "slow-1"],
             stderr=open(tmp_path / "worker.log", "ab"),  # noqa: SIM115
         )  # fmt: skip
