@@ -89,3 +89,34 @@ def test_deleted_function_is_left_to_the_garbage_collector(kube_api: Any) -> Non
     obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert operator(kube_api).reconcile(obj) is None
     assert kube_api.applied == {} and kube_api.statuses == {}
+
+
+def test_trims_operator_run_reconciles_and_stops_on_sigterm(kube_api: Any, tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    kube_api.functions[("fns", "echo")] = function("echo", {"handler": "handler:handler"})
+    kube_api.watch_hold_s = 0.5
+    config = kube_api.kubeconfig(tmp_path / "kubeconfig")
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trims", "operator", "run", "--kubeconfig", str(config),
+             "--namespace", "fns", "--image", "trims-runtime:7"],
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while ("fns", "echo") not in kube_api.statuses and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deployment = kube_api.applied[("deployments", "fns", "trims-fn-echo")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "trims-runtime:7"
+    assert "function fns/echo reconciled" in log.read_text()
