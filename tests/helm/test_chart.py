@@ -144,3 +144,25 @@ def test_values_are_documented() -> None:
             while j >= 0 and lines[j] and not lines[j].startswith((" ", "#")):
                 j -= 1
             assert j >= 0 and lines[j].startswith("#"), f"values.yaml: {line!r} has no comment"
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"daemon": {"eviction": "random"}}, "/daemon/eviction"),
+        ({"gatway": {"replicas": 2}}, "gatway"),
+        ({"functions": {"memoryOverhead": "lots"}}, "/functions/memoryOverhead"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ],
+)
+def test_values_schema_rejects_mistakes(chart: Any, values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        chart.render(values=values, name="trims", namespace="trims-system")
+
+
+def test_value_sizes_parse_as_trims_sizes(chart: Any) -> None:
+    from trims.config import parse_size
+
+    merged = chart.merge_values({})
+    for size in (*merged["daemon"]["budgets"].values(), merged["functions"]["memoryOverhead"]):
+        parse_size(str(size))
