@@ -304,11 +304,21 @@ def pod_manifest(
     }
 
 
+#: Waiting reasons a container does not recover from without a change to the pod or image.
+FATAL_WAITING = frozenset(
+    {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
+)
+
+
 def describe_pod_end(pod: Mapping[str, Any], *, memory_limit: int | None) -> str | None:
-    """Why a pod (as a dict) ended; None while it runs or waits to start."""
+    """Why a pod (as a dict) ended or can never start; None while it runs or may yet start."""
     status = pod.get("status") or {}
     phase = status.get("phase")
     for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            message = waiting.get("message") or "no message"
+            return f"container cannot start: {waiting['reason']}: {message}"
         terminated = (cs.get("state") or {}).get("terminated")
         if not terminated:
             continue
@@ -328,6 +338,14 @@ def describe_pod_end(pod: Mapping[str, Any], *, memory_limit: int | None) -> str
         return f"pod {reason.lower()}: {status.get('message') or 'no message'}"
     if phase == "Succeeded":
         return "exited with code 0"
+    return None
+
+
+def pending_reason(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod is not scheduled yet (the scheduler's message), or None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason') or 'unschedulable'}: {condition.get('message')}"
     return None
 
 
@@ -382,6 +400,8 @@ class KubernetesInstance(WorkerInstance):
         self.spec = spec
         self.pod_name = pod_name
         self.pod_ip: str | None = None
+        #: Why the scheduler has not placed the pod yet (None once it is placed).
+        self.pending: str | None = None
         self._executor = executor
         self._memory_limit = (
             None
@@ -409,6 +429,7 @@ class KubernetesInstance(WorkerInstance):
                 await asyncio.sleep(_POLL_S * 4)
                 continue
             data = api.api_client.sanitize_for_serialization(pod)
+            self.pending = pending_reason(data)
             ip = (data.get("status") or {}).get("podIP")
             if ip and self.pod_ip is None:
                 self.pod_ip = ip
@@ -439,8 +460,9 @@ class KubernetesInstance(WorkerInstance):
         try:
             await asyncio.wait_for(self._scheduled.wait(), timeout)
         except TimeoutError:
+            why = f" ({self.pending})" if self.pending else ""
             raise Timeout(
-                f"pod {self.pod_name} of {self.function} got no IP within {timeout:.1f} s; "
+                f"pod {self.pod_name} of {self.function} got no IP within {timeout:.1f} s{why}; "
                 f"see 'kubectl describe pod {self.pod_name}' (is a trims daemon on some node?)"
             ) from None
         await super().wait_ready(max(0.001, deadline - loop.time()))

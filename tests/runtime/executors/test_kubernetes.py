@@ -20,6 +20,7 @@ from trims.runtime.executors.kubernetes import (
     KubernetesExecutorSettings,
     describe_pod_end,
     dns_name,
+    pending_reason,
     pod_manifest,
 )
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
@@ -159,6 +160,13 @@ def _pod(state: dict[str, Any] | None, phase: str = "Running", **status: Any) ->
             "pod evicted: node low on memory",
         ),
         (_pod({"terminated": {"exitCode": 0}}, "Succeeded"), "exited with code 0"),
+        (
+            _pod(
+                {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}, "Pending"
+            ),
+            "container cannot start: ImagePullBackOff: no such image",
+        ),
+        (_pod({"waiting": {"reason": "ContainerCreating"}}, "Pending"), None),
     ],
 )
 def test_pod_end_in_words(pod: dict[str, Any], reason: str | None) -> None:
@@ -167,6 +175,17 @@ def test_pod_end_in_words(pod: dict[str, Any], reason: str | None) -> None:
         assert described is None
     else:
         assert described is not None and described.startswith(reason)
+
+
+def test_unschedulable_pod_says_why() -> None:
+    pod = _pod(None, "Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 node(s) didn't match pod affinity rules."},
+    ])  # fmt: skip
+    assert pending_reason(pod) == (
+        "Unschedulable: 0/3 nodes are available: 3 node(s) didn't match pod affinity rules."
+    )
+    assert pending_reason(_pod({"running": {}})) is None
 
 
 def test_names_are_dns_labels() -> None:
