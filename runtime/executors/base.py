@@ -102,7 +102,7 @@ class WorkerInstance(Instance):
     """An instance reached over the wire protocol; subclasses say where and how it ended."""
 
     #: Seconds between connection attempts while the worker is still binding its socket.
-    CONNECT_RETRY_S = 0.005
+    CONNECT_RETRY_S = 0.002
 
     def __init__(self, instance_id: str, function: str, executor: str) -> None:
         self.id = instance_id

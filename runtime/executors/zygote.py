@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -54,6 +55,7 @@ RUNTIME_MODULES = (
     "trims.runtime.worker_cli",
     "trims.runtime.client",
     "trims.runtime.models",
+    "trims.telemetry",
     "opentelemetry.propagate",
     "uvloop",
     "yaml",
@@ -211,13 +213,21 @@ def _reseed() -> None:
         torch.seed()
 
 
+@functools.cache
+def _worker_parser() -> argparse.ArgumentParser:
+    """Built once in the zygote (see zygote_main) so each child skips argparse's set-up."""
+    from trims.runtime import worker_cli
+
+    parser = argparse.ArgumentParser(prog="trims worker")
+    worker_cli.configure(parser)
+    return parser
+
+
 def _run_worker_argv(argv: list[str]) -> int:
     from trims.runtime import worker_cli
     from trims.runtime.worker.runner import run_worker
 
-    parser = argparse.ArgumentParser(prog="trims worker")
-    worker_cli.configure(parser)
-    args = parser.parse_args(argv)
+    args = _worker_parser().parse_args(argv)
     if args.log_level:
         os.environ["TRIMS_LOG_LEVEL"] = args.log_level
     return run_worker(worker_cli.settings_from_args(args))
@@ -234,6 +244,7 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
 
     die_with_parent(args.parent_pid)
     preloaded = _preload([m for m in args.preload.split(",") if m])
+    _worker_parser()
     _Zygote(sock, args.parent_pid).serve(preloaded)
     return 0
 
