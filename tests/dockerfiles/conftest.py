@@ -1,0 +1,5 @@
+"""The image tests use the docker fixtures of tests/fixtures/docker.py."""
+
+from tests.fixtures.docker import docker_client, runtime_image
+
+__all__ = ["docker_client", "runtime_image"]
