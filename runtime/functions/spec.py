@@ -338,6 +338,16 @@ def _config(value: Any) -> Mapping[str, Any]:
     return MappingProxyType(copied)
 
 
+def _executor(value: Any) -> str | None:
+    from trims.runtime.executors import EXECUTORS
+
+    if value is None:
+        return None
+    if value not in EXECUTORS:
+        raise _fail("executor", f"must be one of {', '.join(EXECUTORS)}", value)
+    return str(value)
+
+
 def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
     """Validate ``data`` and build the spec; ValidationError names the first bad field."""
     data = _mapping(data, "spec", SPEC_KEYS)
@@ -374,7 +384,7 @@ def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
         scaling=_scaling(data.get("scaling", {})),
         env=_env(data.get("env", {})),
         config=_config(data.get("config", {})),
-        executor=_opt_str(data, "executor", ""),
+        executor=_executor(data.get("executor")),
         serves=None if serves is None else _serves(serves),
     )
 
