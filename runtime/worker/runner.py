@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import signal
 import sys
@@ -224,6 +225,23 @@ async def _serve(settings: WorkerSettings, store: Any) -> int:
         worker.close()
 
 
+def size_thread_pools(cpus: float | None) -> None:
+    """Cap the frameworks' thread pools at ``ceil(cpus)`` (a soft CPU limit, not a quota).
+
+    Environment variables reach libraries loaded from now on; torch, already imported in a
+    zygote child but not yet used, is told directly (safe: its pool does not exist yet).
+    """
+    if cpus is None:
+        return
+    n = str(max(1, math.ceil(cpus)))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        threads = os.environ["OMP_NUM_THREADS"]
+        torch.set_num_threads(int(threads) if threads.isdigit() else int(n))
+
+
 def run_worker(settings: WorkerSettings) -> int:
     """The worker process's main: confine, set up telemetry, serve until SIGTERM."""
     import uvloop
@@ -236,6 +254,7 @@ def run_worker(settings: WorkerSettings) -> int:
     else:
         confine(settings.confinement)
     setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
+    size_thread_pools(settings.spec.resources.cpus)
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
     try:

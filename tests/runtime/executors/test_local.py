@@ -127,6 +127,23 @@ async def test_sync_handlers_run_concurrently_up_to_the_concurrency(
     assert len(set(names)) == 3
 
 
+async def test_cpus_cap_the_framework_thread_pools(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    spec = make_function(
+        """
+        import os
+
+        def handler(request, ctx):
+            return {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        """,
+        resources={"cpus": 1.5},
+        env={"MKL_NUM_THREADS": "1"},
+    )
+    instance = await start_instance(spec)
+    assert json.loads(await _invoke(instance)) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"}
+
+
 async def test_trace_context_reaches_the_handler(
     make_function: MakeFunction, start_instance: StartInstance
 ) -> None:
