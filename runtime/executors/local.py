@@ -160,6 +160,10 @@ class LocalInstance(WorkerInstance):
         await self.close_connection()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        if self.process.returncode == 0:
+            # A clean exit leaves nothing to investigate; a crashed instance keeps its log.
+            with contextlib.suppress(FileNotFoundError):
+                self.log_path.unlink()
 
 
 class LocalExecutor:

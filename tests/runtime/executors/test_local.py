@@ -338,6 +338,7 @@ async def test_sigterm_drains_in_flight_requests(
     await executor.stop(instance, grace_s=20)
     assert await call == b"done"
     assert instance.exit_reason == "exited with code 0"
+    assert isinstance(instance, LocalInstance) and not instance.log_path.exists()
 
 
 async def test_close_stops_every_worker_and_the_zygote(
