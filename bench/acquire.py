@@ -14,9 +14,12 @@ in a fresh process, and times from "framework imported" to "every tensor usable 
 * ``safetensors``      ``safetensors.torch.load_file``, then touching every page (since
                        safetensors 0.5 the file is mapped lazily, like ``mmap=True``)
 
-Each file method runs with the file ``warm`` in the page cache (the best case for it) and
-``cold`` (dropped from the page cache with ``posix_fadvise(DONTNEED)`` before the run: a node
-that has not read the model lately). The trims store is in memory either way. The memory
+Every worker calls ``gc.freeze()`` after its imports, as a pre-forking runtime does
+(otherwise a garbage collection over torch's import-time objects, ~0.1 s, lands in whichever
+method allocates enough first). Each file method runs with the file ``warm`` in the page cache
+(the best case for it) and ``cold`` (dropped from the page cache with
+``posix_fadvise(DONTNEED)`` before the run: a node that has not read the model lately). The
+trims store is in memory either way. The memory
 section starts ``--instances`` processes that hold the same model at once (every page touched)
 and sums their PSS (``/proc/PID/smaps_rollup``) minus that of as many idle processes: with the
 store (one shared copy) vs each process loading its own copy (``torch_load``), and
@@ -28,6 +31,7 @@ table between ``<!-- bench:acquire -->`` markers in ``--docs``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -79,6 +83,9 @@ def worker(method: str, path: str, socket_path: str, name: str, hold: bool) -> N
     from trims.runtime.adapters import torch as torch_adapter
     from trims.runtime.client import StoreClient
 
+    # A pre-forking runtime (the zygote) freezes what its imports created, so a collection in
+    # the timed region does not walk torch's hundreds of thousands of objects. Same for all.
+    gc.freeze()
     client = lease = None
     t0 = time.perf_counter()
     if method.startswith("trims"):
