@@ -92,7 +92,12 @@ def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]
 
     def make(name: str) -> Any:
         if name == "local":
-            return create_executor(name, store_socket=settings.store_socket, **local_options)
+            return create_executor(
+                name,
+                store_socket=settings.store_socket,
+                otlp_endpoint=settings.otlp_endpoint,
+                **local_options,
+            )
         if name == "docker":
             return create_executor(name, store_socket=settings.store_socket)
         return create_executor(name)
