@@ -79,6 +79,8 @@ class CUmemAccessDesc(ctypes.Structure):
 class CudaError(TrimsError):
     """A CUDA call failed; ``details`` carry the call and the CUresult."""
 
+    code = "cuda"
+
 
 def _load_library(names: tuple[str, ...]) -> ctypes.CDLL | None:
     for name in names:
