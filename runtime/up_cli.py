@@ -124,8 +124,53 @@ async def deploy_examples(url: str, token: str | None, specs: list[Path]) -> lis
     return deployed
 
 
+#: Most seconds one example's prepare.py may take (it writes weights and adds them to the store).
+PREPARE_TIMEOUT_S = 600.0
+
+
+async def prepare_examples(specs: list[Path], store_socket: Path) -> list[Path]:
+    """Run each example's ``prepare.py`` (weights + store add); the specs ready to deploy.
+
+    An example whose preparation fails is left out with the reason, so the others still come up.
+    """
+    ready = []
+    for spec in specs:
+        script = spec.parent / "prepare.py"
+        if not script.is_file():
+            ready.append(spec)
+            continue
+        print(f"preparing example {spec.parent.name} ...", file=sys.stderr, flush=True)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            "--socket",
+            str(store_socket),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), PREPARE_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            print(f"example {spec.parent.name} skipped: prepare.py timed out", file=sys.stderr)
+            continue
+        if proc.returncode != 0:
+            tail = out.decode(errors="replace").strip().splitlines()[-3:]
+            print(
+                f"example {spec.parent.name} skipped: prepare.py exited {proc.returncode}: "
+                + " | ".join(tail),
+                file=sys.stderr,
+            )
+            continue
+        ready.append(spec)
+    return ready
+
+
 async def announce(url: str, token: str | None, specs: list[Path], store_socket: Path) -> None:
-    """Deploy the examples, then print where everything is."""
+    """Prepare and deploy the examples, then print where everything is."""
+    specs = await prepare_examples(specs, store_socket) if specs else []
     names = await deploy_examples(url, token, specs) if specs else []
     lines = [
         f"trims is up: gateway {url}",

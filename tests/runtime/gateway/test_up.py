@@ -4,21 +4,50 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from trims.runtime.functions_cli import GatewayClient
 
 from tests.runtime.gateway.conftest import PRELOAD, pid_alive, wait_until
+
+REPO_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+PREPARE = """
+import sys
+from pathlib import Path
+assert sys.argv[1] == "--socket" and Path(sys.argv[2]).is_socket(), sys.argv
+(Path(__file__).parent / "prepared.txt").write_text("weights ready")
+"""
+HANDLER = """
+from pathlib import Path
+def handler(request, ctx):
+    return (Path(__file__).parent / "prepared.txt").read_text()
+"""
+
+
+def _examples(root: Path) -> Path:
+    """The echo example, one whose prepare.py works and one whose prepare.py fails."""
+    shutil.copytree(REPO_EXAMPLES / "echo", root / "echo")
+    for name, prepare in (("prepared", PREPARE), ("broken", "raise SystemExit('no weights')")):
+        (root / name).mkdir()
+        (root / name / "prepare.py").write_text(prepare)
+        (root / name / "handler.py").write_text(HANDLER)
+        (root / name / "function.yaml").write_text(f"name: {name}\nhandler: handler:handler\n")
+    return root
 
 
 def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
     log = tmp_path / "up.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
     env["TRIMS_RUNTIME_DIR"] = str(tmp_path / "run")
+    examples = _examples(tmp_path / "examples")
     cmd = [
         sys.executable, "-m", "trims", "up", "--examples", "--port", "0",
+        "--examples-dir", str(examples),
         "--store-dir", str(tmp_path / "store"), "--preload", ",".join(PRELOAD),
     ]  # fmt: skip
     with open(log, "wb") as f:
@@ -34,6 +63,10 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
         client = GatewayClient(url, None)
         status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"hello")
         assert (status, body) == (200, b"hello")
+        status, _, body = client.request("POST", "/v1/functions/prepared/invoke", b"")
+        assert (status, body) == (200, b"weights ready")
+        assert "example broken skipped: prepare.py exited 1: no weights" in text
+        assert "functions      echo, prepared\n" in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert wait_until(lambda: not pid_alive(daemon_pid), 10)
