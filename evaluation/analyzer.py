@@ -90,15 +90,15 @@ class FusionResult:
 def layer_times(
     irs: list[ModelIR],
     benchers: list[Bencher],
-    progress: Callable[[Iterable[generator.Benchmark]], Iterable[generator.Benchmark]] = iter,
+    progress: Callable[[list[generator.Benchmark]], Iterable[generator.Benchmark]] = iter,
 ) -> dict[str, tuple[float, str]]:
     """Signature -> (best net time in ms over the variants, that variant)."""
     benches = generator.layer_benchmarks(irs)
     best: dict[str, tuple[float, str]] = {}
     for bencher in benchers:
         overhead = bencher.overhead_ms()
-        for bench in progress(benches):
-            ms = max(bencher.run(bench).measurement.trimmed_mean_ms - overhead, 0.0)
+        for bench, result in zip(benches, bencher.run_many(benches, progress), strict=True):
+            ms = max(result.measurement.trimmed_mean_ms - overhead, 0.0)
             if bench.signature not in best or ms < best[bench.signature][0]:
                 best[bench.signature] = (ms, bencher.variant)
     return best

@@ -36,6 +36,7 @@ class AnalyzeSettings:
     max_time_s: float
     min_reps: int
     progress: bool
+    mxnet_python: str | None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--framework",
         default="onnxruntime",
-        help="comma-separated: onnxruntime, pytorch (the first one is used for bricks)",
+        help="comma-separated: onnxruntime, pytorch, mxnet (the first one is used for bricks)",
     )
     parser.add_argument(
         "--variants",
@@ -70,6 +71,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--min-reps", type=int, default=7, help="timed runs per benchmark, at least"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--mxnet-python",
+        help="python of the MXNet environment (default: $TRIMS_MXNET_VENV/bin/python or "
+        "/tmp/trims-mxnet-venv/bin/python)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> AnalyzeSettings:
@@ -91,6 +97,7 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
         max_time_s=args.max_time,
         min_reps=args.min_reps,
         progress=not args.no_progress and sys.stderr.isatty(),
+        mxnet_python=args.mxnet_python,
     )
 
 
@@ -137,7 +144,9 @@ def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -
         max_time_s=settings.max_time_s,
         clock="thread" if settings.threads == 1 else "wall",
     )
-    return Bencher(db, framework, variant, settings.batch, measure, settings.force)
+    return Bencher(
+        db, framework, variant, settings.batch, measure, settings.force, settings.mxnet_python
+    )
 
 
 def _write_json(path: Path | None, body: dict[str, Any]) -> None:

@@ -24,10 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FRAMEWORKS = ("onnxruntime", "pytorch")
+FRAMEWORKS = ("onnxruntime", "pytorch", "mxnet")
 
 #: the "fused vs unfused" pattern: a Conv followed by these single-consumer ops
 _FUSIBLE = ("BatchNormalization", "Mul", "Add", "Sum", "Relu")
+#: benchmarks per MXNet runner process
+_MX_BATCH = 200
 #: ops that may join a second branch (the residual add ONNX Runtime fuses into the Conv)
 _JOINS = ("Add", "Sum")
 
@@ -128,6 +130,7 @@ class Bencher:
         batch: int,
         settings: MeasureSettings,
         force: bool = False,
+        mxnet_python: str | None = None,
     ) -> None:
         if framework not in FRAMEWORKS:
             raise ValidationError(f"unknown framework {framework!r}; choose from {FRAMEWORKS}")
@@ -138,16 +141,22 @@ class Bencher:
         self.settings = settings
         self.force = force
         self.system = system_id()
+        self._threads = int(
+            dict(p.split("=", 1) for p in variant.split(",") if "=" in p).get("threads", "1")
+        )
+        self._mx_python = ""
         if framework == "onnxruntime":
             self._ort_variant = ort_backend.OrtVariant.parse(variant)
             self.version = ort_backend.framework_version()
-        else:
+        elif framework == "pytorch":
             from trims.evaluation import torch_backend
 
-            self._threads = int(
-                dict(p.split("=", 1) for p in variant.split(",") if "=" in p).get("threads", "1")
-            )
             self.version = torch_backend.framework_version()
+        else:
+            from trims.evaluation import mxnet_backend
+
+            self._mx_python = mxnet_backend.find_python(mxnet_python)
+            self.version = mxnet_backend.framework_version(self._mx_python)
 
     def key(self, kind: str, signature: str) -> ResultKey:
         return ResultKey(
@@ -167,6 +176,33 @@ class Bencher:
 
         return torch_backend.runner(model, self._threads, name)
 
+    def run_many(
+        self,
+        benches: list[Benchmark],
+        progress: Callable[[list[Benchmark]], Iterable[Benchmark]] = iter,
+    ) -> list[BenchResult]:
+        """Run several benchmarks; MXNet gets the unmeasured ones in batches, one process each."""
+        if self.framework != "mxnet":
+            return [self.run(b) for b in progress(benches)]
+        from trims.evaluation import mxnet_backend
+
+        results: dict[int, BenchResult] = {}
+        pending: list[int] = []
+        for i, bench in enumerate(benches):
+            cached = None if self.force else self.db.get(self.key(bench.kind, bench.signature))
+            if cached is None:
+                pending.append(i)
+            else:
+                results[i] = BenchResult(cached, fresh=False)
+        chunks = [pending[k : k + _MX_BATCH] for k in range(0, len(pending), _MX_BATCH)]
+        for chunk in chunks:
+            specs = [mxnet_backend.spec(benches[i].build(), benches[i].label) for i in chunk]
+            measured = mxnet_backend.run_specs(self._mx_python, specs, self.settings, self._threads)
+            for i, m in zip(chunk, measured, strict=True):
+                self.db.put(self.key(benches[i].kind, benches[i].signature), m, benches[i].label)
+                results[i] = BenchResult(m, fresh=True)
+        return [results[i] for i in range(len(benches))]
+
     def run(self, bench: Benchmark) -> BenchResult:
         """Measure ``bench``, or reuse the stored result unless forced.
 
@@ -175,6 +211,8 @@ class Bencher:
         neither is loading and preparing a whole model).
         """
         key = self.key(bench.kind, bench.signature)
+        if self.framework == "mxnet":
+            return self.run_many([bench])[0]
         if not self.force:
             cached = self.db.get(key)
             if cached is not None:

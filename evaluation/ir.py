@@ -15,8 +15,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from trims.errors import ValidationError
 
 if TYPE_CHECKING:
@@ -297,8 +295,3 @@ def unique_layers(irs: list[ModelIR]) -> dict[str, list[tuple[str, Layer]]]:
         for layer in ir.layers:
             out.setdefault(layer.signature, []).append((ir.name, layer))
     return out
-
-
-def numel(shape: Shape) -> int:
-    """Number of elements of a shape (1 for a scalar)."""
-    return int(np.prod(shape, dtype=np.int64))

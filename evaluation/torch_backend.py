@@ -81,9 +81,9 @@ def _ops() -> dict[str, Op]:
         ]
 
     def avgpool(x: list[Any], a: dict[str, Any]) -> list[Any]:
-        inp, pad = _pad_input(x[0], a, 0.0)
-        return [
-            F.avg_pool2d(
+        def pool(t: torch.Tensor) -> torch.Tensor:
+            inp, pad = _pad_input(t, a, 0.0)
+            return F.avg_pool2d(
                 inp,
                 list(a["kernel_shape"]),
                 list(a.get("strides", [1, 1])),
@@ -91,7 +91,12 @@ def _ops() -> dict[str, Op]:
                 ceil_mode=bool(a.get("ceil_mode", 0)),
                 count_include_pad=bool(a.get("count_include_pad", 0)),
             )
-        ]
+
+        out = pool(x[0])
+        if _pads(a, 2)[1] or a.get("count_include_pad", 0):
+            return [out]
+        # explicit asymmetric padding made the zeros count: divide by the share that is real
+        return [out / pool(torch.ones_like(x[0][:1, :1]))]
 
     def gemm(x: list[Any], a: dict[str, Any]) -> list[Any]:
         A = x[0].t() if a.get("transA", 0) else x[0]

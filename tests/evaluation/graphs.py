@@ -98,3 +98,22 @@ def symbolic() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
+
+
+def asymmetric_pools() -> onnx.ModelProto:
+    """x[1,2,6,6] -> AveragePool 3x3 pads (0,0,1,1) -> MaxPool 2x2 pads (1,1,0,0) (Inception's)."""
+    nodes = [
+        helper.make_node(
+            "AveragePool", ["x"], ["a"], kernel_shape=[3, 3], pads=[0, 0, 1, 1], name="avg"
+        ),
+        helper.make_node(
+            "MaxPool",
+            ["a"],
+            ["y"],
+            kernel_shape=[2, 2],
+            pads=[1, 1, 0, 0],
+            strides=[2, 2],
+            name="max",
+        ),
+    ]
+    return _model(nodes, [], [1, 2, 6, 6], "pools")

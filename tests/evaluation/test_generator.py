@@ -40,7 +40,12 @@ def test_pytorch_interpreter_matches_onnx_runtime() -> None:
     pytest.importorskip("torch")
     from trims.evaluation import torch_backend
 
-    for model, name in [(graphs.conv_gemm(), "cg"), (graphs.residual(2), "res")]:
+    cases = [
+        (graphs.conv_gemm(), "cg"),
+        (graphs.residual(2), "res"),
+        (graphs.asymmetric_pools(), "pools"),
+    ]
+    for model, name in cases:
         prepared = graph.prepare(model, name)
         feeds = ort_backend.random_inputs(prepared, seed=3)
         want = ort_backend.run_outputs(prepared, feeds, name)
