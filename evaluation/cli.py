@@ -323,8 +323,9 @@ def _lowerbound(settings: AnalyzeSettings) -> int:
     _write_json(settings.json_out, body)
     if settings.plots:
         settings.plots.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {plots.bounds_vs_measured(primary, settings.plots / 'lowerbound.png')}")
-        print(f"wrote {plots.layer_breakdown(primary, settings.plots / 'layer_breakdown.png')}")
+        folder = settings.plots
+        print(f"wrote {plots.bounds_vs_measured(primary, folder / 'evaluation_lowerbound.png')}")
+        print(f"wrote {plots.layer_breakdown(primary, folder / 'evaluation_layer_breakdown.png')}")
     return 0
 
 
@@ -394,7 +395,8 @@ def _bricks(settings: AnalyzeSettings) -> int:
     _write_json(settings.json_out, body)
     if settings.plots:
         settings.plots.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {plots.estimation_error(studies, settings.plots / 'bricks_error.png')}")
+        path = settings.plots / "evaluation_bricks_error.png"
+        print(f"wrote {plots.estimation_error(studies, path)}")
     return 0
 
 

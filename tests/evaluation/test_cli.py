@@ -58,7 +58,7 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
     assert {"models", "time_whole_s", "time_bricks_s"} <= set(body)
     assert {"name", "measured_ms", "estimated_ms", "error_pct"} <= set(body["models"][0])
     assert [g["granularity"] for g in body["by_granularity"]] == [1, 5]
-    assert (tmp_path / "img" / "bricks_error.png").stat().st_size > 0
+    assert (tmp_path / "img" / "evaluation_bricks_error.png").stat().st_size > 0
 
 
 def test_bad_model_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
