@@ -15,7 +15,8 @@ daemon the model is in use, so it is not evicted or counted as idle. Writes are 
 private: no tenant can change what another sees.
 
 The manifest is checked against the mapped size before any view is built, so a view can never
-reach outside the mapping.
+reach outside the mapping. (CPython's ``mmap`` keeps a private duplicate of the descriptor
+until the mapping is closed or collected; it is closed with the mapping, never leaked.)
 """
 
 from __future__ import annotations
