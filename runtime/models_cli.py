@@ -46,23 +46,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per reply (60)")
     parser.add_argument("--no-progress", action="store_true", help="draw no progress bars")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    # `--json` is accepted after the action too (`trims models ls --json`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON")
 
-    p = sub.add_parser("add", help="ingest a model file or URL (safetensors, torch, onnx, mxnet)")
+    def action(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, parents=[common])
+
+    p = action("add", "ingest a model file or URL (safetensors, torch, onnx, mxnet)")
     p.add_argument("name", help="model name")
     p.add_argument("source", help="local path, http(s):// or s3:// URL")
     p.add_argument("--version", help="version to register (default: 1)")
     p.add_argument("--format", dest="fmt", choices=("safetensors", "torch", "onnx", "mxnet"))
     p.add_argument("--sha256", help="expected sha256 of the source file")
-    sub.add_parser("ls", help="list models")
-    sub.add_parser("stats", help="tier usage, budgets and live leases")
-    _model_args(sub.add_parser("info", help="one model's details and tensors"))
-    p = sub.add_parser("rm", help="remove a model (all versions unless --version)")
+    action("ls", "list models")
+    action("stats", "tier usage, budgets and live leases")
+    _model_args(action("info", "one model's details and tensors"))
+    p = action("rm", "remove a model (all versions unless --version)")
     _model_args(p)
     p.add_argument("--force", action="store_true", help="remove even while leased")
-    _model_args(sub.add_parser("load", help="prefetch a model into a tier"), tier="cpu")
-    _model_args(sub.add_parser("pin", help="keep a model resident in a tier"), tier="cpu")
-    _model_args(sub.add_parser("unpin", help="let a model be evicted again"), tier="")
-    _model_args(sub.add_parser("evict", help="drop a model from a tier now"), tier="")
+    _model_args(action("load", "prefetch a model into a tier"), tier="cpu")
+    _model_args(action("pin", "keep a model resident in a tier"), tier="cpu")
+    _model_args(action("unpin", "let a model be evicted again"), tier="")
+    _model_args(action("evict", "drop a model from a tier now"), tier="")
 
 
 class ProgressBars:

@@ -62,7 +62,7 @@ def test_model_lifecycle(store_daemon: DaemonProcess, source: Path) -> None:
         "KiB",
     ]  # 64 KiB + ids, page-rounded
 
-    [model] = json.loads(ok(sock, "--json", "ls"))
+    [model] = json.loads(ok(sock, "ls", "--json"))
     assert model["name"] == "emb" and model["tiers"] == ["disk"]
     info = json.loads(ok(sock, "--json", "info", "emb"))
     assert sorted(t["name"] for t in info["manifest"]["tensors"]) == ["emb", "ids"]
