@@ -36,9 +36,7 @@ def load(source: str) -> tuple[str, onnx.ModelProto]:
         model = onnx.load(str(path))
     except Exception as e:
         raise CorruptModel(f"model {path.stem!r} ({path}) is not a valid ONNX file: {e}") from e
-    from trims.evaluation.zoo import materialize_constants
-
-    return path.stem, materialize_constants(model, path.stem)
+    return path.stem, zoo.materialize_constants(model, path.stem)
 
 
 def fold_constants(model: onnx.ModelProto, name: str) -> onnx.ModelProto:

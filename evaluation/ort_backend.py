@@ -17,6 +17,7 @@ from trims.errors import ValidationError
 
 if TYPE_CHECKING:
     import onnx
+    import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     return feeds
 
 
-def session(model: onnx.ModelProto, variant: OrtVariant, name: str) -> object:
+def session(model: onnx.ModelProto, variant: OrtVariant, name: str) -> ort.InferenceSession:
     """An InferenceSession for ``model`` configured per ``variant``."""
     import onnxruntime as ort
 
@@ -98,7 +99,6 @@ def runner(model: onnx.ModelProto, variant: OrtVariant, name: str) -> Callable[[
     import onnxruntime as ort
 
     sess = session(model, variant, name)
-    assert isinstance(sess, ort.InferenceSession)
     binding = sess.io_binding()
     feeds = random_inputs(model)
     for key, value in feeds.items():
@@ -118,10 +118,8 @@ def run_outputs(
     model: onnx.ModelProto, feeds: dict[str, np.ndarray], name: str
 ) -> list[np.ndarray]:
     """Run ``model`` once on ``feeds`` and return its outputs (for correctness checks)."""
-    import onnxruntime as ort
 
     sess = session(model, OrtVariant("disable", 1), name)
-    assert isinstance(sess, ort.InferenceSession)
     return [np.asarray(o) for o in sess.run(None, feeds)]
 
 

@@ -50,7 +50,7 @@ class CheckResult:
 
 
 def zoo_names() -> list[str]:
-    """The names :func:`materialize` accepts, smallest-first is not implied: alphabetical."""
+    """The names :func:`materialize` accepts, in alphabetical order."""
     return sorted(_MODELS)
 
 
