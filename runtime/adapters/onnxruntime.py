@@ -2,7 +2,9 @@
 
 The store keeps an ONNX model as its initializers plus the graph, serialised with every
 initializer externalised to the file name ``__trims__`` at its offset in the buffer (tensor
-``__onnx_graph__``). Each initializer becomes an ``OrtValue`` over the mapping (no copy).
+``__onnx_graph__``). Each initializer becomes an ``OrtValue`` over the mapping (no copy),
+except tiny ones (shape tensors: ONNX shape inference must read them while ORT loads the graph),
+which are copied back into the graph.
 
 Note [Two ways in, both needed]
 -------------------------------
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRAPH_TENSOR = "__onnx_graph__"
+#: Initializers up to this size are copied back into the graph (shape inference reads them).
+INLINE_BYTES = 1024
 #: onnx.TensorProto.BFLOAT16: NumPy carries bfloat16 as uint16, ORT needs the real type.
 _ONNX_BFLOAT16 = 16
 
@@ -62,15 +66,48 @@ def graph_bytes(weights: HostWeights) -> bytes:
     return bytes(weights.buffer()[entry.offset : entry.offset + entry.nbytes])
 
 
-def ort_values(weights: HostWeights) -> dict[str, Any]:
-    """One ``OrtValue`` per initializer, each over the buffer (no copy)."""
+def inline_small_initializers(graph: bytes, weights: HostWeights) -> tuple[bytes, frozenset[str]]:
+    """The graph with initializers of at most ``INLINE_BYTES`` copied back into it.
+
+    ONNX shape inference, which ORT runs while loading a graph, must read the values of shape
+    tensors (the second input of Reshape, Expand, ...) and cannot read external data. Those are
+    tiny, so they go back into the graph; every larger initializer stays shared. Returns the
+    new graph and the names inlined.
+    """
+    import onnx
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(graph)
+    except Exception as e:
+        raise CorruptModel(f"model {weights.manifest.name}: the stored ONNX graph: {e}") from e
+    buffer = weights.buffer()
+    stored = {t.name for t in weights.manifest.tensors}
+    inlined: set[str] = set()
+    for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL or init.name not in stored:
+            continue
+        entry = weights.manifest.tensor(init.name)
+        if entry.nbytes > INLINE_BYTES:
+            continue
+        init.raw_data = bytes(buffer[entry.offset : entry.offset + entry.nbytes])
+        del init.external_data[:]
+        init.data_location = onnx.TensorProto.DEFAULT
+        inlined.add(init.name)
+    return (model.SerializeToString() if inlined else graph), frozenset(inlined)
+
+
+def ort_values(
+    weights: HostWeights, skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """One ``OrtValue`` per initializer (except ``skip``), each over the buffer (no copy)."""
     import onnxruntime as ort
 
     graph = weights.manifest.metadata.get("onnx_graph", GRAPH_TENSOR)
     buffer = weights.buffer()
     out: dict[str, Any] = {}
     for t in weights.manifest.tensors:
-        if t.name == graph:
+        if t.name == graph or t.name in skip:
             continue
         arr = numpy_adapter.tensor_view(buffer, t)
         if t.dtype == "bfloat16":
@@ -111,14 +148,15 @@ def session(
     options = sess_options or ort.SessionOptions()
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
-    values = ort_values(weights)
+    graph, inlined = inline_small_initializers(graph_bytes(weights), weights)
+    values = ort_values(weights, skip=inlined)
     if hasattr(options, "add_external_initializers"):  # ORT >= 1.15; see Note [Two ways in]
         options.add_external_initializers(list(values), list(values.values()))
     for name, value in values.items():
         options.add_initializer(name, value)
     try:
         sess = ort.InferenceSession(
-            graph_bytes(weights), options, providers=list(providers or ["CPUExecutionProvider"])
+            graph, options, providers=list(providers or ["CPUExecutionProvider"])
         )
     except Exception as e:
         if type(e).__module__.startswith("onnxruntime"):

@@ -74,6 +74,26 @@ def test_onnx_session_is_identical_from_store_and_file(
     assert a.tobytes() == b.tobytes()
 
 
+def test_a_real_onnx_topology_is_identical_from_store_and_file(
+    admin: StoreClient, store_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """ShuffleNet (49 BatchNorms that ORT fuses into convolutions, reading the weights)."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from trims.evaluation.zoo import materialize, reference_input
+
+    model = materialize("shufflenet")
+    source = tmp_path / "shufflenet.onnx"
+    onnx.save(model, source)
+    admin.add("shufflenet", source)
+    stored, direct = _both("shufflenet", source, store_daemon, tmp_path)
+    feeds = reference_input(model)
+    with stored, direct:
+        a = stored.onnx_session().run(None, feeds)[0]
+        b = direct.onnx_session().run(None, feeds)[0]
+    assert a.tobytes() == b.tobytes()
+
+
 def test_numpy_is_identical_from_store_and_file(
     admin: StoreClient, store_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
