@@ -21,10 +21,10 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
@@ -120,6 +120,10 @@ class WorkerInstance(Instance):
     @abc.abstractmethod
     async def wait_exit_reason(self, timeout: float) -> str | None:
         """Wait up to ``timeout`` for the process to end and return why (None if still running)."""
+
+    @abc.abstractmethod
+    async def terminate(self, grace_s: float) -> None:
+        """Drain (SIGTERM or the executor's equivalent), kill after ``grace_s``, clean up."""
 
     def _died(self, reason: str | None) -> UpstreamError:
         return UpstreamError(
@@ -217,3 +221,14 @@ class WorkerInstance(Instance):
         conn, self._conn = self._conn, None
         self._ready = False
         await close_quietly(conn)
+
+
+W = TypeVar("W", bound=WorkerInstance)
+
+
+async def terminate_all(instances: Sequence[W], grace_s: float) -> list[tuple[W, BaseException]]:
+    """Terminate ``instances`` concurrently; the (instance, error) pairs of those that failed."""
+    results = await asyncio.gather(
+        *(i.terminate(grace_s) for i in instances), return_exceptions=True
+    )
+    return [(i, r) for i, r in zip(instances, results, strict=True) if isinstance(r, BaseException)]

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from trims.runtime.executors.base import Instance, WorkerInstance
+from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
@@ -432,15 +432,11 @@ class DockerExecutor:
     async def close(self) -> None:
         self._closed = True
         instances, self._instances = list(self._instances.values()), {}
-        results = await asyncio.gather(
-            *(i.terminate(5.0) for i in instances), return_exceptions=True
-        )
-        for instance, result in zip(instances, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("instance %s of %s: stopping its container failed (%s); removing it",
-                            instance.id, instance.function, result)  # fmt: skip
-                with contextlib.suppress(TrimsError):
-                    await _remove_container(instance.container)
+        for instance, error in await terminate_all(instances, 5.0):
+            log.warning("instance %s of %s: stopping its container failed (%s); removing it",
+                        instance.id, instance.function, error)  # fmt: skip
+            with contextlib.suppress(TrimsError):
+                await _remove_container(instance.container)
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from trims.runtime.executors.base import Instance, WorkerInstance
+from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
@@ -589,13 +589,9 @@ class KubernetesExecutor:
     async def close(self) -> None:
         self._closed = True
         instances, self._instances = list(self._instances.values()), {}
-        results = await asyncio.gather(
-            *(i.terminate(5.0) for i in instances), return_exceptions=True
-        )
-        for instance, result in zip(instances, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("pod %s of %s could not be deleted: %s",
-                            instance.pod_name, instance.function, result)  # fmt: skip
+        for instance, error in await terminate_all(instances, 5.0):
+            log.warning("pod %s of %s could not be deleted: %s",
+                        instance.pod_name, instance.function, error)  # fmt: skip
         if self._core is not None and self._api_client is None:
             self._core.api_client.close()
         self._core = None

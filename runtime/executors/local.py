@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
-from trims.runtime.executors.base import Instance, WorkerInstance
+from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.executors.zygote import Zygote
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
@@ -311,7 +311,9 @@ class LocalExecutor:
     async def close(self) -> None:
         self._closed = True
         instances, self._instances = list(self._instances.values()), {}
-        await asyncio.gather(*(i.terminate(5.0) for i in instances), return_exceptions=True)
+        for instance, error in await terminate_all(instances, 5.0):
+            log.warning("instance %s of %s could not be stopped: %s",
+                        instance.id, instance.function, error)  # fmt: skip
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None
