@@ -31,5 +31,7 @@ for name, folder in ROOTS.items():
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={pkg: ["*.json", "*.yaml", "*.sql", "*.cu", "*.txt", "py.typed"] for pkg in packages},
+    package_data={
+        pkg: ["*.json", "*.yaml", "*.sql", "*.cu", "*.txt", "py.typed"] for pkg in packages
+    },
 )

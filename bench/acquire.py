@@ -80,6 +80,7 @@ def worker(method: str, path: str, socket_path: str, name: str, hold: bool) -> N
     """Load by ``method``; print seconds (and, with ``hold``, wait on stdin before exiting)."""
     import torch
     from safetensors.torch import load_file
+
     from trims.runtime.adapters import torch as torch_adapter
     from trims.runtime.client import StoreClient
 
@@ -331,6 +332,7 @@ def _idle_pss_mib(count: int) -> float:
 def idle() -> None:
     import torch
     from safetensors.torch import load_file  # noqa: F401
+
     from trims.runtime.adapters import torch as torch_adapter  # noqa: F401
     from trims.runtime.client import StoreClient  # noqa: F401
 

@@ -152,6 +152,7 @@ def main() -> int:
     sizes = [int(s) for s in args.model_mb.split(",") if s]
 
     import uvloop
+
     from trims.runtime.client import StoreClient
 
     where = machine()

@@ -192,6 +192,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import uvloop
+
     from trims.runtime.client import StoreClient
 
     where = machine()

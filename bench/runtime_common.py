@@ -118,6 +118,7 @@ async def local_gateway(root: Path, store_socket: Path) -> AsyncIterator[str]:
     load from the spec's ``source`` file in each instance.
     """
     from aiohttp import web
+
     from trims.runtime.executors import create_executor
     from trims.runtime.gateway.app import create_app
     from trims.runtime.settings import GatewaySettings

@@ -10,12 +10,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from trims.config import format_size
 from trims.daemon.formats import FORMATS, convert, detect_format
 from trims.daemon.formats.writer import Progress
 from trims.daemon.tiers import cloud
 from trims.daemon.tiers.disk import DiskTier
-
-from trims.config import format_size
 from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
 from trims.layout import Manifest, sha256_stream, validate_digest, validate_model_name
 from trims.layout import validate_version as _validate_version

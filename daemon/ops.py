@@ -11,7 +11,6 @@ from typing import Any
 
 from trims.daemon.catalog import AccessList
 from trims.daemon.store import Caller, Progress, Reply, Store
-
 from trims.errors import PermissionDenied, ValidationError
 from trims.layout import validate_digest, validate_model_name, validate_version
 from trims.protocol import CLIENT_OPS, Op

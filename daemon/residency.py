@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trims.config import DaemonSettings, format_size
 from trims.daemon.catalog import Catalog, ModelRecord
 from trims.daemon.eviction import Resident, TierLedger
 from trims.daemon.leases import LeaseTable
@@ -22,8 +23,6 @@ from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier
 from trims.daemon.tiers.gpu import GpuTier
 from trims.daemon.tiers.memory import MemoryTier, Progress
-
-from trims.config import DaemonSettings, format_size
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, Unavailable
 from trims.layout import Manifest
 from trims.telemetry import tracer

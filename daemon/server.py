@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trims.config import DaemonSettings
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.ops import dispatch
 from trims.daemon.store import Caller, Progress, Reply, Store
-
-from trims.config import DaemonSettings
 from trims.errors import ProtocolError, QueueFull, TrimsError, Unavailable, ValidationError
 from trims.protocol import FrameDecoder, encode_frame, peer_credentials
 

@@ -14,14 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from trims import __version__
+from trims.config import DaemonSettings, format_size
 from trims.daemon.catalog import AccessList, Catalog, ModelRecord
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.residency import MEMORY_TIERS, TIERS, Progress, Residency
 from trims.daemon.tiers.gpu import GpuTier
-
-from trims import __version__
-from trims.config import DaemonSettings, format_size
 from trims.errors import (
     AlreadyExists,
     CorruptModel,

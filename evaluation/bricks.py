@@ -20,6 +20,7 @@ from trims.evaluation import submodel
 
 if TYPE_CHECKING:
     import onnx
+
     from trims.evaluation.generator import Bencher
     from trims.evaluation.ir import ModelIR
 

@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trims.evaluation.measure import Measurement
-
 from trims.errors import ValidationError
+from trims.evaluation.measure import Measurement
 
 if TYPE_CHECKING:
     import sqlalchemy as sa

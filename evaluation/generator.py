@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trims.errors import ValidationError
 from trims.evaluation import ort_backend, submodel
 from trims.evaluation.db import ResultKey, ResultsDB, system_id
 from trims.evaluation.measure import Measurement, MeasureSettings, measure
 
-from trims.errors import ValidationError
-
 if TYPE_CHECKING:
     import onnx
+
     from trims.evaluation.ir import ModelIR
 
 log = logging.getLogger(__name__)

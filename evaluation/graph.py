@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 def load(source: str) -> tuple[str, onnx.ModelProto]:
     """Load a zoo model by name or an ONNX file by path; return ``(name, model)``."""
     import onnx
+
     from trims.evaluation import zoo
 
     if source in zoo.zoo_names():

@@ -16,9 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trims.evaluation.measure import Measurement, MeasureSettings
-
 from trims.errors import Unavailable, UpstreamError
+from trims.evaluation.measure import Measurement, MeasureSettings
 
 if TYPE_CHECKING:
     import onnx

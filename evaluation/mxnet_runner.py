@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+
 from trims.evaluation.measure import MeasureSettings, measure
 
 Op = Callable[[Any, list[Any], dict[str, Any]], list[Any]]

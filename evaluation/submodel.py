@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
+
     from trims.evaluation.ir import ModelIR
 
 

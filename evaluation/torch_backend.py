@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from trims.evaluation.ort_backend import random_inputs
 
 from trims.errors import ValidationError
+from trims.evaluation.ort_backend import random_inputs
 
 if TYPE_CHECKING:
     import onnx

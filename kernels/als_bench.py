@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from trims.kernels import als
-from trims.kernels.als_data import Ratings, load_ml100k, split, synthetic
 
 from trims.errors import NotFound
+from trims.kernels import als
+from trims.kernels.als_data import Ratings, load_ml100k, split, synthetic
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trims.kernels import studies
-
 from trims.errors import ValidationError
+from trims.kernels import studies
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from trims.kernels import studies
-
 from trims.errors import ValidationError
+from trims.kernels import studies
 
 if TYPE_CHECKING:
     from trims.runtime.functions import Context, Request

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from trims.kernels.klap import IntArray, Launcher
 
 Array = npt.NDArray[Any]

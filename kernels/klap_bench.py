@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from trims.errors import TrimsError
 from trims.kernels import klap_apps as apps
 from trims.kernels.klap import VARIANTS, Launcher, Variant
 from trims.kernels.timing import geomean, median_seconds
-
-from trims.errors import TrimsError
 
 log = logging.getLogger(__name__)
 

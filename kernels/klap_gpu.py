@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from trims.kernels import klap_apps as apps
 from trims.kernels.gpu import require_cupy
 from trims.kernels.klap import VARIANTS, WARP, Variant

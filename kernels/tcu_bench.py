@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
 from trims.kernels import tcu
 from trims.kernels.timing import median_seconds
 

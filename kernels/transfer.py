@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
 from trims.kernels import transfer_ipc as ipc
 from trims.kernels.timing import median_seconds
 

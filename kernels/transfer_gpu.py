@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from trims.kernels.gpu import require_cupy
 
 log = logging.getLogger(__name__)

@@ -52,6 +52,7 @@ def settings_from_args(args: argparse.Namespace, env: dict[str, str]) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.action == "crd":
         import yaml
+
         from trims.operators.crd import crd_manifest
 
         # Through JSON so YAML sees only plain types; stable key order for diffs.

@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trims.errors import Unavailable, ValidationError
 from trims.operators.crd import GROUP, PLURAL, VERSION
 from trims.operators.reconcile import MANAGER, Desired, desired_objects, function_status
 from trims.runtime.executors.kubernetes import KubernetesExecutorSettings
-
-from trims.errors import Unavailable, ValidationError
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trims.errors import ValidationError
 from trims.operators.crd import API_VERSION, KIND
 from trims.runtime.executors.kubernetes import (
     LABEL_COMPONENT,
@@ -26,8 +27,6 @@ from trims.runtime.executors.kubernetes import (
     function_pod_template,
 )
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
-
-from trims.errors import ValidationError
 
 MANAGER = "trims-operator"
 SPEC_HASH_ANNOTATION = "trims.io/spec-hash"

@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from trims.runtime.mapping import HostMapping
 
 from trims.config import admin_socket_for, default_socket
 from trims.errors import (
@@ -37,6 +36,7 @@ from trims.errors import (
 from trims.errors import Timeout as TrimsTimeout
 from trims.layout import Manifest
 from trims.protocol import Op, Progress, recv_frame, send_frame
+from trims.runtime.mapping import HostMapping
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trims.runtime.settings import GatewaySettings, load_tokens
-
 from trims.config import default_socket
+from trims.runtime.settings import GatewaySettings, load_tokens
 
 READY = "trims gateway ready"
 
@@ -117,8 +116,8 @@ def local_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     import uvloop
-    from trims.runtime.gateway.server import serve
 
+    from trims.runtime.gateway.server import serve
     from trims.telemetry import setup_logging, setup_tracing
 
     setup_logging(args.log_level)

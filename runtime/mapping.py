@@ -27,10 +27,10 @@ import os
 from typing import Any
 
 import numpy as np
-from trims.runtime.adapters import numpy as numpy_adapter
 
 from trims.errors import ValidationError
 from trims.layout import Manifest
+from trims.runtime.adapters import numpy as numpy_adapter
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
-from trims.runtime.client import Lease, StoreClient
-from trims.runtime.direct import DirectModel
 
 from trims.errors import NotFound, Unavailable
+from trims.runtime.client import Lease, StoreClient
+from trims.runtime.direct import DirectModel
 
 log = logging.getLogger(__name__)
 

@@ -105,6 +105,7 @@ def _default_examples_dir() -> Path:
 async def deploy_examples(url: str, token: str | None, specs: list[Path]) -> list[str]:
     """PUT every example spec to the gateway; names of those deployed."""
     import aiohttp
+
     from trims.runtime.functions.spec import load_spec_file
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -188,9 +189,9 @@ async def announce(url: str, token: str | None, specs: list[Path], store_socket:
 
 def run(args: argparse.Namespace) -> int:
     import uvloop
+
     from trims.runtime import gateway_cli
     from trims.runtime.gateway.server import serve
-
     from trims.telemetry import setup_logging, setup_tracing
 
     setup_logging(args.log_level)

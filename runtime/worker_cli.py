@@ -47,7 +47,6 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
     from trims.runtime.worker.runner import WorkerSettings
     from trims.runtime.worker.sandbox import Confinement
     from trims.runtime.worker.server import ListenAddress
-
     from trims.telemetry import otlp_endpoint_from_env
 
     if args.spec is not None:

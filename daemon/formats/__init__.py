@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trims.daemon.formats.writer import Progress
-
 from trims.errors import ValidationError
 from trims.layout import Manifest, validate_model_name, validate_version
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
-
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import DTYPE_SIZES, MAX_NDIM, Manifest, TensorSpec
 

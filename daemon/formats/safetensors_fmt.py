@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
-
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import DTYPE_SIZES, Manifest, TensorSpec
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked
-
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import Manifest, TensorSpec
 

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 
 from trims.daemon.tiers.memory import Export, Progress
-
 from trims.errors import CorruptModel, TrimsError
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from trims.daemon.tiers.memory import Export, Progress
-
 from trims.errors import CorruptModel, ResourceExhausted, TrimsError, Unavailable
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from bert import sentence_embeddings
+
 from trims.runtime.functions import Context, Request
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from network import ResNet50
+
 from trims.runtime.adapters.torch import load_module
 from trims.runtime.functions import Context, Request
 

@@ -19,9 +19,8 @@ DEFAULT_OUT = HERE / "weights" / "resnet50.safetensors"
 
 def add_to_store(name: str, path: Path, socket: Path | None) -> bool:
     """Register ``path`` with the store daemon; False (with a note) when none is running."""
-    from trims.runtime.client import StoreClient
-
     from trims.errors import TrimsError
+    from trims.runtime.client import StoreClient
 
     try:
         with StoreClient(socket) as client:

@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trims.errors import ValidationError
 from trims.runtime.adapters import HostWeights
 from trims.runtime.adapters import numpy as numpy_adapter
-
-from trims.errors import ValidationError
 
 #: dtypes MXNet 1.9 NDArrays can hold.
 MXNET_DTYPES = frozenset(

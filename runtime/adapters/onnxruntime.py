@@ -35,10 +35,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trims.errors import CorruptModel, ValidationError
 from trims.runtime.adapters import HostWeights
 from trims.runtime.adapters import numpy as numpy_adapter
-
-from trims.errors import CorruptModel, ValidationError
 
 if TYPE_CHECKING:
     import onnxruntime

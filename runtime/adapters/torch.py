@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trims.runtime.adapters import HostWeights
-
 from trims.errors import ValidationError
+from trims.runtime.adapters import HostWeights
 
 if TYPE_CHECKING:
     import torch
+
     from trims.runtime.client import Lease
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from trims.errors import Timeout, Unavailable, UpstreamError
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
     ConnectionLost,
@@ -34,10 +35,9 @@ from trims.runtime.worker.client import (
     raise_for_error,
 )
 
-from trims.errors import Timeout, Unavailable, UpstreamError
-
 if TYPE_CHECKING:
     import numpy as np
+
     from trims.runtime.functions.spec import FunctionSpec
 
 log = logging.getLogger(__name__)

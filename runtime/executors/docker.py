@@ -39,12 +39,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from trims.config import default_socket, format_size
+from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
-
-from trims.config import default_socket, format_size
-from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
 
 log = logging.getLogger(__name__)
 

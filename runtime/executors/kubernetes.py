@@ -32,10 +32,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
-from trims.runtime.functions.spec import FunctionSpec
-from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
-
 from trims.config import format_size, parse_size
 from trims.errors import (
     AlreadyExists,
@@ -46,6 +42,9 @@ from trims.errors import (
     Unavailable,
     ValidationError,
 )
+from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
+from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
 log = logging.getLogger(__name__)
 

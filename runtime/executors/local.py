@@ -24,12 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from trims.errors import NotFound, Unavailable, ValidationError
 from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.executors.zygote import Zygote
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
-
-from trims.errors import NotFound, Unavailable, ValidationError
 from trims.telemetry import inject_context
 
 log = logging.getLogger(__name__)

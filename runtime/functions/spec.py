@@ -16,11 +16,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from trims.runtime.functions.schema import FUNCTION_SCHEMA
-
 from trims.config import parse_size
 from trims.errors import ValidationError
 from trims.layout import validate_model_name, validate_version
+from trims.runtime.functions.schema import FUNCTION_SCHEMA
 
 __all__ = [
     "FUNCTION_SCHEMA",

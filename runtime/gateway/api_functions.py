@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+
+from trims.errors import ValidationError
 from trims.runtime.functions.spec import parse_spec
 from trims.runtime.gateway.context import (
     auth_of,
@@ -14,8 +16,6 @@ from trims.runtime.gateway.context import (
     read_json,
 )
 from trims.runtime.gateway.invocations import Outcome
-
-from trims.errors import ValidationError
 
 #: Response headers from a worker that the gateway sets itself.
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})

@@ -9,6 +9,9 @@ on the first request like any other invocation.
 from __future__ import annotations
 
 from aiohttp import web
+
+from trims import __version__
+from trims.errors import NotFound
 from trims.runtime.functions.spec import ServedModel
 from trims.runtime.gateway.context import auth_of, gateway_of, json_response, read_body
 from trims.runtime.gateway.service import Gateway
@@ -19,9 +22,6 @@ from trims.runtime.gateway.tensors import (
     model_metadata,
     parse_request,
 )
-
-from trims import __version__
-from trims.errors import NotFound
 
 
 def _served(gateway: Gateway, name: str, version: str | None) -> ServedModel:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from aiohttp import web
+
+from trims.errors import AlreadyExists, ValidationError
 from trims.runtime.gateway.api_functions import outcome_response
 from trims.runtime.gateway.context import auth_of, gateway_of, json_response, read_body, read_json
 from trims.runtime.gateway.pipelines import parse_pipeline
-
-from trims.errors import AlreadyExists, ValidationError
 
 
 async def list_pipelines(request: web.Request) -> web.Response:

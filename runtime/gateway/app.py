@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+
 from trims.runtime.gateway import api_functions, api_oip, api_pipelines
 from trims.runtime.gateway.auth import Authenticator
 from trims.runtime.gateway.context import AUTH, GATEWAY, gateway_of, json_response
@@ -19,7 +20,6 @@ from trims.runtime.gateway.errors import error_middleware
 from trims.runtime.gateway.openapi import openapi_document
 from trims.runtime.gateway.service import ExecutorFactory, Gateway
 from trims.runtime.settings import GatewaySettings
-
 from trims.telemetry import extract_context
 
 tracer = trace.get_tracer(__name__)

@@ -15,9 +15,9 @@ import hmac
 from collections.abc import Iterable
 
 from aiohttp import web
-from trims.runtime.settings import Token
 
 from trims.errors import PermissionDenied, Unauthorized
+from trims.runtime.settings import Token
 
 
 class Authenticator:

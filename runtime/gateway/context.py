@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from aiohttp import web
-from trims.runtime.gateway.auth import Authenticator
-from trims.runtime.gateway.service import Gateway
 
 from trims.errors import PayloadTooLarge, RequestError
+from trims.runtime.gateway.auth import Authenticator
+from trims.runtime.gateway.service import Gateway
 
 GATEWAY = web.AppKey("trims.gateway", Gateway)
 AUTH = web.AppKey("trims.auth", Authenticator)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from trims import __version__
 from trims.runtime.functions.spec import DATATYPES, FUNCTION_SCHEMA
 from trims.runtime.gateway.pipelines import NAME_RE, PIPELINE_SCHEMA
-
-from trims import __version__
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from trims.runtime.gateway.invocations import Outcome
 
 from trims.errors import TrimsError, UpstreamError, ValidationError
+from trims.runtime.gateway.invocations import Outcome
 
 tracer = trace.get_tracer(__name__)
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opentelemetry import trace
+
+from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
 from trims.runtime.executors.base import Executor, Instance
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.metrics import GatewayMetrics
-
-from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

@@ -13,6 +13,7 @@ import signal
 from collections.abc import Callable
 
 from aiohttp import web
+
 from trims.runtime.gateway.app import create_app
 from trims.runtime.gateway.context import GATEWAY
 from trims.runtime.gateway.service import ExecutorFactory

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from opentelemetry import trace
+
+from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
 from trims.runtime.executors.base import Executor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.gateway.budget import InstanceBudget
@@ -26,8 +28,6 @@ from trims.runtime.gateway.metrics import GatewayMetrics
 from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
 from trims.runtime.gateway.pool import Pool
 from trims.runtime.settings import GatewaySettings
-
-from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
 from trims.telemetry import inject_context
 
 log = logging.getLogger(__name__)

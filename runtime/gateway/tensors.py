@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from trims.runtime.functions.spec import ServedModel, TensorMeta
 
 from trims.errors import RequestError
+from trims.runtime.functions.spec import ServedModel, TensorMeta
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

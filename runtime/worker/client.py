@@ -12,9 +12,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, cast
 
-from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
-
 from trims.errors import ProtocolError, UpstreamError, ValidationError
+from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
 
 
 class ConnectionLost(Exception):

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trims.runtime.functions.spec import FunctionSpec
-
 from trims.errors import ValidationError
+from trims.runtime.functions.spec import FunctionSpec
 
 
 @dataclass(frozen=True)

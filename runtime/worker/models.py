@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
-from trims.runtime.functions.spec import FunctionSpec
 
 from trims.errors import Unavailable
+from trims.runtime.functions.spec import FunctionSpec
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("trims.worker")

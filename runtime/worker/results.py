@@ -6,9 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from trims.runtime.functions.context import Response
-
 from trims.errors import UpstreamError
+from trims.runtime.functions.context import Response
 
 _OCTET = {"content-type": "application/octet-stream"}
 _TEXT = {"content-type": "text/plain; charset=utf-8"}

@@ -23,6 +23,9 @@ from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
+
+from trims.config import format_size
+from trims.errors import TrimsError, UpstreamError, ValidationError
 from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
@@ -32,9 +35,6 @@ from trims.runtime.worker.models import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine
 from trims.runtime.worker.server import ListenAddress, WorkerServer
-
-from trims.config import format_size
-from trims.errors import TrimsError, UpstreamError, ValidationError
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("trims.worker")

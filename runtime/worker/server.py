@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
-
 from trims.errors import ProtocolError, TrimsError, Unavailable, ValidationError
+from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trims.daemon.catalog import AccessList, Catalog, ModelRecord
 
+from trims.daemon.catalog import AccessList, Catalog, ModelRecord
 from trims.errors import AlreadyExists, NotFound, ValidationError
 
 

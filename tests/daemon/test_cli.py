@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from trims.daemon.cli import build_settings, configure, parse_eviction
 
 from tests.daemon.rawclient import RawClient
 from tests.fixtures.store import DaemonProcess
+from trims.daemon.cli import build_settings, configure, parse_eviction
 from trims.errors import ValidationError
 
 

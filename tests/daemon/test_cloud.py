@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trims.daemon.tiers.cloud import fetch, is_remote
 
+from trims.daemon.tiers.cloud import fetch, is_remote
 from trims.errors import (
     CorruptModel,
     NotFound,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from trims.daemon.formats.writer import LayoutWriter
 from trims.daemon.tiers.disk import DiskTier
-
 from trims.errors import CorruptModel, NotFound, ResourceExhausted
 from trims.layout import Manifest, TensorSpec
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from trims.daemon.eviction import Resident, TierLedger, choose_victims
 
+from trims.daemon.eviction import Resident, TierLedger, choose_victims
 from trims.errors import ResourceExhausted, ValidationError
 
 

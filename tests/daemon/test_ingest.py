@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.daemon.ingest import ingest
-from trims.daemon.tiers.disk import DiskTier
 
 from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
 from tests.daemon.test_cloud import serve_files
+from trims.daemon.ingest import ingest
+from trims.daemon.tiers.disk import DiskTier
 from trims.errors import CorruptModel, PayloadTooLarge, ResourceExhausted, ValidationError
 from trims.layout import Manifest
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trims.evaluation.analyzer import critical_path
 
 

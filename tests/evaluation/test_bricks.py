@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from trims.evaluation import bricks, graph, ir, ort_backend
 
 from tests.evaluation import graphs
+from trims.evaluation import bricks, graph, ir, ort_backend
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:

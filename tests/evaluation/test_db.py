@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from tests.evaluation import graphs
+from trims.errors import ValidationError
 from trims.evaluation import graph, ir
 from trims.evaluation.db import ResultKey, ResultsDB
 from trims.evaluation.generator import Bencher, layer_benchmarks
 from trims.evaluation.measure import Measurement, MeasureSettings
-
-from tests.evaluation import graphs
-from trims.errors import ValidationError
 
 KEY = ResultKey("cpu x2", "onnxruntime", "1.0", "layer", "abc", 1, "opt=all,threads=1")
 FAST = MeasureSettings(warmup=1, min_reps=3, max_reps=5, max_time_s=0.2)

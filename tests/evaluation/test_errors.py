@@ -6,10 +6,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from trims.evaluation import ir, zoo
 
 from tests.evaluation import graphs
 from trims.errors import CorruptModel, NotFound, ValidationError
+from trims.evaluation import ir, zoo
 
 
 def test_corrupt_onnx_file_names_the_model(tmp_path: Path) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from trims.evaluation import generator, graph, ir, ort_backend
-from trims.evaluation.measure import MeasureSettings, measure, trimmed_mean
 
 from tests.evaluation import graphs
+from trims.evaluation import generator, graph, ir, ort_backend
+from trims.evaluation.measure import MeasureSettings, measure, trimmed_mean
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:

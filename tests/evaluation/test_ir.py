@@ -6,9 +6,9 @@ from pathlib import Path
 
 import onnx
 import pytest
-from trims.evaluation import graph, ir
 
 from tests.evaluation import graphs
+from trims.evaluation import graph, ir
 
 
 def _ir(model: onnx.ModelProto, name: str = "hand", batch: int = 1) -> ir.ModelIR:

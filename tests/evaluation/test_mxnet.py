@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
+from tests.evaluation import graphs
+from trims.errors import Unavailable
 from trims.evaluation import graph, ir, mxnet_backend, ort_backend
 from trims.evaluation.db import ResultsDB
 from trims.evaluation.generator import Bencher, layer_benchmarks
 from trims.evaluation.measure import MeasureSettings
-
-from tests.evaluation import graphs
-from trims.errors import Unavailable
 
 FAST = MeasureSettings(warmup=1, min_reps=3, max_reps=5, max_time_s=0.2)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.local import LocalExecutor
 from trims.runtime.functions.spec import FunctionSpec, load_spec_file
@@ -167,6 +168,7 @@ async def test_resnet50_classifies_through_the_store(
     try:
         from network import ResNet50
         from safetensors.torch import load_file
+
         from trims.runtime.adapters.torch import load_module
 
         net = load_module(ResNet50, load_file(str(out)))

@@ -6,9 +6,9 @@ import importlib.util
 
 import numpy as np
 import pytest
-from trims.kernels import als, als_bench, als_data
 
 from trims.errors import NotFound
+from trims.kernels import als, als_bench, als_data
 
 BE = als.Backend.numpy()
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from trims.kernels.gpu import cupy_available
 
 from trims.cli import main
+from trims.kernels.gpu import cupy_available
 
 
 def _run(tmp_path: Path, *args: str) -> dict:

@@ -6,9 +6,9 @@ import json
 import logging
 
 import pytest
-from trims.kernels import functions, studies
 
 from trims.errors import NotFound, ValidationError
+from trims.kernels import functions, studies
 
 runtime_functions = pytest.importorskip("trims.runtime.functions")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from trims.kernels.gpu import cupy_available, unavailable_reason
 
 pytestmark = [
@@ -16,6 +17,7 @@ pytestmark = [
 @pytest.mark.parametrize("segment", [16, 256, 48, 1024])
 def test_cupy_matmul_path_within_bounds(segment: int, acc: str) -> None:
     import cupy as cp
+
     from trims.kernels import tcu
 
     x = np.random.default_rng(segment).uniform(-1, 1, 5000)
@@ -28,6 +30,7 @@ def test_cupy_matmul_path_within_bounds(segment: int, acc: str) -> None:
 @pytest.mark.parametrize("segment", [16, 256, 1024])
 def test_wmma_kernels_within_bounds(segment: int, acc: str) -> None:
     import cupy as cp
+
     from trims.kernels import tcu
 
     kernels = tcu.wmma_kernels()

@@ -6,10 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
-from trims.kernels import klap
-from trims.kernels import klap_apps as apps
 
 from trims.errors import ValidationError
+from trims.kernels import klap
+from trims.kernels import klap_apps as apps
 
 
 def _grid_vectors(max_len: int = 4, max_grid: int = 3) -> list[tuple[int, ...]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trims.kernels import tcu
 
 from trims.errors import ValidationError
+from trims.kernels import tcu
 
 SEGMENTS = [1, 5, 16, 17, 48, 240, 256, 300, 512, 768, 4096]
 SIZES = [1, 15, 16, 17, 255, 256, 1000, 4099]

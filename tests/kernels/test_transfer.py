@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+
 from trims.kernels import transfer
 from trims.kernels import transfer_ipc as ipc
 
@@ -56,9 +57,8 @@ def test_memfd_is_sealed_against_writes() -> None:
 
 
 def test_gpu_modalities_need_cuda() -> None:
-    from trims.kernels.gpu import cupy_available
-
     from trims.errors import RequestError
+    from trims.kernels.gpu import cupy_available
 
     if cupy_available():
         pytest.skip("CUDA is present: the GPU path is covered by test_gpu.py")

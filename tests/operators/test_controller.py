@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+
 from trims.operators.controller import Operator, OperatorSettings, _Gone
 from trims.operators.crd import API_VERSION, KIND
 from trims.runtime.executors.kubernetes import KubernetesExecutorSettings

@@ -11,11 +11,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
+from trims.errors import ValidationError
 from trims.operators.crd import API_VERSION, KIND, crd_manifest, structural
 from trims.operators.reconcile import function_spec
 from trims.runtime.functions.spec import FUNCTION_SCHEMA
-
-from trims.errors import ValidationError
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

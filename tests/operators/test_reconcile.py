@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+from trims.errors import ValidationError
 from trims.operators.crd import API_VERSION, KIND
 from trims.operators.reconcile import (
     SPEC_HASH_ANNOTATION,
@@ -14,8 +16,6 @@ from trims.operators.reconcile import (
     workload_name,
 )
 from trims.runtime.executors.kubernetes import DAEMON_POD_LABELS, KubernetesExecutorSettings
-
-from trims.errors import ValidationError
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trims.runtime.client import StoreClient
 
 from tests.fixtures.store import DaemonProcess
 from trims.errors import NotFound, PermissionDenied, Unavailable, ValidationError
+from trims.runtime.client import StoreClient
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 

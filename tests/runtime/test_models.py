@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.runtime.client import StoreClient
-from trims.runtime.direct import DirectModel
-from trims.runtime.models import StoreModel, open_model
 
 from tests.fixtures.store import DaemonProcess
 from trims.errors import NotFound, Unavailable
+from trims.runtime.client import StoreClient
+from trims.runtime.direct import DirectModel
+from trims.runtime.models import StoreModel, open_model
 
 
 @pytest.fixture
@@ -80,6 +80,7 @@ def test_a_real_onnx_topology_is_identical_from_store_and_file(
     """ShuffleNet (49 BatchNorms that ORT fuses into convolutions, reading the weights)."""
     pytest.importorskip("onnxruntime")
     import onnx
+
     from trims.evaluation.zoo import materialize, reference_input
 
     model = materialize("shufflenet")

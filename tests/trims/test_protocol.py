@@ -122,7 +122,7 @@ def test_peer_credentials_name_this_process(pair: tuple[socket.socket, socket.so
 
 
 def test_admin_and_client_ops_partition_the_op_table() -> None:
-    assert protocol.ADMIN_OPS | protocol.CLIENT_OPS == frozenset(protocol.Op)
+    assert frozenset(protocol.Op) == protocol.ADMIN_OPS | protocol.CLIENT_OPS
     assert not protocol.ADMIN_OPS & protocol.CLIENT_OPS
     assert protocol.Op.ADD in protocol.ADMIN_OPS
     assert protocol.Op.ACQUIRE in protocol.CLIENT_OPS

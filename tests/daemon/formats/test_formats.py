@@ -6,8 +6,8 @@ import struct
 from pathlib import Path
 
 import pytest
-from trims.daemon.formats import FORMATS, convert, detect_format
 
+from trims.daemon.formats import FORMATS, convert, detect_format
 from trims.errors import ValidationError
 
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from trims.daemon.formats import convert, detect_format
 
 from tests.daemon.formats.layout_check import check_layout, read_raw
+from trims.daemon.formats import convert, detect_format
 from trims.errors import CorruptModel, ValidationError
 
 MXNET_PYTHONS = ("/tmp/trims-mxnet-venv/bin/python", "/tmp/setup/mxvenv/bin/python")

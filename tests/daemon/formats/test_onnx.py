@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.daemon.formats import convert, detect_format
 
 from tests.daemon.formats.layout_check import check_layout, numpy_raw, read_raw
+from trims.daemon.formats import convert, detect_format
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import Manifest
 

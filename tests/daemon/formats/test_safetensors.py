@@ -7,7 +7,6 @@ import struct
 from pathlib import Path
 
 import pytest
-from trims.daemon.formats import convert
 
 from tests.daemon.formats.layout_check import (
     check_layout,
@@ -15,6 +14,7 @@ from tests.daemon.formats.layout_check import (
     sample_torch_tensors,
     torch_raw,
 )
+from trims.daemon.formats import convert
 from trims.errors import CorruptModel, ValidationError
 
 torch = pytest.importorskip("torch")

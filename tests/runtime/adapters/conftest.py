@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.runtime.adapters.numpy import numpy_dtype
-from trims.runtime.mapping import HostMapping
 
 from trims.layout import Manifest, TensorSpec, plan
+from trims.runtime.adapters.numpy import numpy_dtype
+from trims.runtime.mapping import HostMapping
 
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 

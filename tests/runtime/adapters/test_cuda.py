@@ -6,10 +6,10 @@ import ctypes
 import os
 
 import pytest
-from trims.runtime.adapters.cuda import DeviceMapping
 
 from trims.errors import Unavailable
 from trims.layout import Manifest
+from trims.runtime.adapters.cuda import DeviceMapping
 
 
 def _has_driver() -> bool:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.runtime.mapping import HostMapping
 
 from trims.errors import ValidationError
+from trims.runtime.mapping import HostMapping
 
 pytestmark = pytest.mark.mxnet
 mx = pytest.importorskip("mxnet")

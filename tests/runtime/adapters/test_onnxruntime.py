@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trims.runtime.mapping import HostMapping
 
 from trims.errors import ValidationError
 from trims.layout import TensorSpec, plan
+from trims.runtime.mapping import HostMapping
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
 from trims.runtime.adapters import onnxruntime as ort_adapter  # noqa: E402
 
 MakeModel = Callable[..., HostMapping]

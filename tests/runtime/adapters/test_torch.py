@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from trims.runtime.mapping import HostMapping
 
 from trims.errors import ValidationError
+from trims.runtime.mapping import HostMapping
 
 torch = pytest.importorskip("torch")
 from trims.runtime.adapters import torch as torch_adapter  # noqa: E402

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from trims.errors import NotFound, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.docker import (
     CONTAINER_STORE_SOCKET,
@@ -26,8 +28,6 @@ from trims.runtime.executors.docker import (
     remove_orphans,
 )
 from trims.runtime.functions.spec import FunctionSpec, load_spec_file
-
-from trims.errors import NotFound, UpstreamError, ValidationError
 
 pytestmark = pytest.mark.docker
 
@@ -278,6 +278,7 @@ async def test_gateway_invokes_a_docker_function_over_http(
     """The gateway with the docker executor: deploy, cold start a container, invoke, metrics."""
     import aiohttp
     from aiohttp import web
+
     from trims.runtime.gateway.app import create_app
     from trims.runtime.settings import GatewaySettings
 

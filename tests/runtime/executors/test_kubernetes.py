@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from trims.errors import UpstreamError, ValidationError
 from trims.runtime.executors.kubernetes import (
     CONTAINER_STORE_SOCKET,
     DAEMON_POD_LABELS,
@@ -24,8 +26,6 @@ from trims.runtime.executors.kubernetes import (
     pod_manifest,
 )
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
-
-from trims.errors import UpstreamError, ValidationError
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from trims.errors import Timeout, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.local import LocalExecutor, LocalInstance
 from trims.runtime.functions.spec import FunctionSpec
-
-from trims.errors import Timeout, UpstreamError, ValidationError
 
 MakeFunction = Callable[..., FunctionSpec]
 StartInstance = Callable[..., Awaitable[Instance]]

@@ -5,9 +5,9 @@ from typing import Any
 
 import jsonschema
 import pytest
-from trims.runtime.functions.spec import FUNCTION_SCHEMA, load_spec_file, parse_spec
 
 from trims.errors import ValidationError
+from trims.runtime.functions.spec import FUNCTION_SCHEMA, load_spec_file, parse_spec
 
 FULL: dict[str, Any] = {
     "name": "resnet",

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+
 from trims.runtime.executors import create_executor
 from trims.runtime.gateway.app import create_app
 from trims.runtime.gateway.context import GATEWAY

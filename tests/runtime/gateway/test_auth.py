@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from trims.runtime.settings import Token, load_tokens, parse_tokens
 
 from tests.runtime.gateway.conftest import ADMIN, echo_spec
 from trims.errors import ValidationError
+from trims.runtime.settings import Token, load_tokens, parse_tokens
 
 ECHO_ONLY = Token("echo-only-secret", frozenset({"invoke:echo"}), "echo-only")
 ANY_FN = Token("any-function-secret", frozenset({"invoke:*"}), "any-fn")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from trims.runtime.gateway.pipelines import parse_pipeline
 
 from tests.runtime.gateway.conftest import echo_spec
 from trims.errors import ValidationError
+from trims.runtime.gateway.pipelines import parse_pipeline
 
 
 async def test_diamond_pipeline_feeds_outputs_forward(start_gateway):

@@ -7,9 +7,8 @@ import subprocess
 import sys
 import threading
 
-from trims.runtime.functions_cli import GatewayClient
-
 from tests.runtime.gateway.conftest import echo_spec, pid_alive, wait_until
+from trims.runtime.functions_cli import GatewayClient
 
 
 def test_sigterm_drains_in_flight_requests_then_exits(gateway_process):

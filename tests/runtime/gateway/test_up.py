@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trims.runtime.functions_cli import GatewayClient
-
 from tests.runtime.gateway.conftest import PRELOAD, pid_alive, wait_until
+from trims.runtime.functions_cli import GatewayClient
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trims.runtime.functions.context import Response
-from trims.runtime.worker.results import check_outputs, to_reply
 
 from trims.errors import UpstreamError
+from trims.runtime.functions.context import Response
+from trims.runtime.worker.results import check_outputs, to_reply
 
 
 def test_supported_return_types_become_replies() -> None:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from trims.errors import ProtocolError
 from trims.runtime.wire import (
     HEADER,
     FrameReader,
@@ -10,8 +12,6 @@ from trims.runtime.wire import (
     encode_arrays,
     encode_frame,
 )
-
-from trims.errors import ProtocolError
 
 
 def _bytes(buffers: list[bytes]) -> bytes:

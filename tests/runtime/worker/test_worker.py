@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from trims.errors import Unavailable
 from trims.runtime.wire import Kind
 from trims.runtime.worker.client import WorkerConnection, raise_for_error
 from trims.runtime.worker.exits import EXIT_INIT_FAILED
-
-from trims.errors import Unavailable
 
 SLOW = """
 import time

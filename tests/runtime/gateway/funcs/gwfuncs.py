@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from opentelemetry import trace
+
 from trims.runtime.functions.context import Context, Request, Response
 
 
