@@ -110,6 +110,8 @@ class WorkerInstance(Instance):
         self.executor = executor
         self.started_at = time.time()
         self.pid: int | None = None
+        #: Seconds the worker's init spent acquiring models (from its HELLO; None: no models).
+        self.model_acquire_s: float | None = None
         self._conn: WorkerConnection | None = None
         self._ready = False
 
@@ -167,6 +169,8 @@ class WorkerInstance(Instance):
             await close_quietly(self._conn)
             raise UpstreamError(f"instance {self.id} of {self.function} failed to start: {reason}")
         self.pid = hello.get("pid", self.pid)
+        acquire_s = hello.get("model_acquire_s")
+        self.model_acquire_s = float(acquire_s) if isinstance(acquire_s, int | float) else None
         self._ready = True
 
     async def _request(

@@ -323,8 +323,8 @@ class Pool:
         self._m_cold.observe(elapsed)
         self._m_cold_starts.inc()
         acquire_s = getattr(slot.instance, "model_acquire_s", None)
-        if isinstance(acquire_s, int | float):
-            self._m_acquire.observe(float(acquire_s))
+        if acquire_s is not None:
+            self._m_acquire.observe(acquire_s)
         if slot.state != "starting":
             await self._stop_slot(slot)
             return

@@ -67,6 +67,8 @@ class Worker:
         self._code: FunctionCode | None = None
         self._ctx: Context | None = None
         self._models = ModelSet()
+        #: Seconds init spent acquiring the function's models (None: it has none).
+        self.model_acquire_s: float | None = None
         self.out_of_memory = asyncio.Event()
         self.server = WorkerServer(
             settings.listen,
@@ -81,7 +83,10 @@ class Worker:
         with _tracer.start_as_current_span(
             "worker.init", context=parent, attributes={"function": self.spec.name}
         ):
+            t_models = time.perf_counter()
             self._models = await self._call(acquire_models, False, self.spec, self._store)
+            if self.spec.models:
+                self.model_acquire_s = time.perf_counter() - t_models
             code: FunctionCode = await self._call(load_code, False, self.spec)
             self._code = code
             self._ctx = Context(
@@ -208,7 +213,7 @@ async def _serve(settings: WorkerSettings, store: Any) -> int:
                 await asyncio.wait_for(worker.server.failure_delivered.wait(), FAILED_LINGER_S)
             await asyncio.sleep(0.05)
             return EXIT_INIT_FAILED
-        worker.server.set_ready()
+        worker.server.set_ready(model_acquire_s=worker.model_acquire_s)
         oom = loop.create_task(worker.out_of_memory.wait(), name="worker-oom-watch")
         stopping = loop.create_task(stop.wait(), name="worker-stop-watch")
         await asyncio.wait({oom, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -131,8 +131,9 @@ class WorkerServer:
             )
         log.debug("worker listening on %s", self.address)
 
-    def set_ready(self) -> None:
-        self._state = {**self._hello, "state": "ready"}
+    def set_ready(self, **info: Any) -> None:
+        """Tell every client the instance is ready; ``info`` (e.g. model_acquire_s) rides along."""
+        self._state = {**self._hello, **info, "state": "ready"}
         for conn in list(self._connections):
             conn.send(0, Kind.HELLO, self._state, b"")
 

@@ -78,3 +78,34 @@ async def test_trace_context_reaches_the_handler(start_gateway, spans):
     assert finished["queue"].parent.span_id == request.context.span_id
     assert finished["instance start"].parent.span_id == finished["queue"].context.span_id
     assert finished["invoke"].parent.span_id == request.context.span_id
+
+
+async def test_model_acquire_time_is_reported_by_the_worker(start_gateway, start_daemon):
+    import numpy as np
+
+    daemon = start_daemon(models={"lin": {"w": np.ones((4, 4), np.float32)}})
+    gw = await start_gateway(store_socket=daemon.socket)
+    spec = echo_spec("withmodel")
+    spec["models"] = [{"name": "lin", "framework": "numpy"}]
+    await gw.deploy(spec)
+    await gw.deploy(echo_spec("nomodel"))
+    for name in ("withmodel", "nomodel"):
+        status, _, body = await gw.invoke(name, b"x")
+        assert status == 200, body
+    async with gw.session.get(f"{gw.url}/metrics") as r:
+        text = await r.text()
+    counts = {
+        s.labels["function"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "trims_model_acquire_seconds_count"
+    }
+    assert counts.get("withmodel") == 1
+    assert counts.get("nomodel", 0) == 0
+    sums = {
+        s.labels["function"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "trims_model_acquire_seconds_sum"
+    }
+    assert sums["withmodel"] > 0
