@@ -106,6 +106,16 @@ class Pool:
         self._m_cold_starts = metrics.cold_starts.labels(fn)
         self._m_failures = metrics.instance_failures.labels(fn)
         self._m_acquire = metrics.model_acquire.labels(fn)
+        self._m_invocations = metrics.invocations
+        #: status -> the invocation counter's child (labels() costs a lookup per request).
+        self._m_by_status: dict[str, Any] = {}
+
+    def count_invocation(self, status: str) -> None:
+        """Count one finished invocation of this function by its status ("200", "429", ...)."""
+        child = self._m_by_status.get(status)
+        if child is None:
+            child = self._m_by_status[status] = self._m_invocations.labels(self.name, status)
+        child.inc()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -168,7 +168,7 @@ class Gateway:
         """Run one request on the function; header names reach it lower-cased."""
         self._refuse_when_draining()
         pool = self.pool(name)
-        passed = {k.lower(): v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+        passed = {low: v for k, v in headers.items() if (low := k.lower()) not in DROPPED_HEADERS}
         status = "error"
         try:
 
@@ -191,7 +191,7 @@ class Gateway:
             status = str(e.http_status)
             raise
         finally:
-            self.metrics.invocations.labels(name, status).inc()
+            pool.count_invocation(status)
 
     async def infer(self, name: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._refuse_when_draining()
@@ -211,7 +211,7 @@ class Gateway:
             status = str(e.http_status)
             raise
         finally:
-            self.metrics.invocations.labels(name, status).inc()
+            pool.count_invocation(status)
 
     def _refuse_when_draining(self) -> None:
         if self.draining:
