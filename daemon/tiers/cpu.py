@@ -4,19 +4,32 @@ Note [sealed memfd]
 ~~~~~~~~~~~~~~~~~~~
 ::
 
-    disk blob ──copy_file_range (kernel side)──> memfd ──sha256──> seal(WRITE|GROW|SHRINK|SEAL)
+    disk blob ──read, chunk by chunk──> memfd (mapped shared, MADV_HUGEPAGE) ──sha256 of
+                                        each chunk as written──> unmap ──> seal(WRITE|GROW|
+                                                                              SHRINK|SEAL)
                                                    │
                                  SCM_RIGHTS fd ────┴──> client mmap(MAP_PRIVATE)
 
 Once sealed, nobody (the daemon included) can write, grow or shrink the memfd, and the seals
 themselves cannot be removed. Clients map it ``MAP_PRIVATE``: reads share the page cache pages
 of the memfd, a write gives the writer a private copy-on-write page. So no tenant can change
-what another tenant reads. The content is verified against the manifest digest after the copy
-and before the seal, so what is served is what was verified.
+what another tenant reads. The content is hashed from the memfd itself, chunk by chunk right
+after each chunk is written (one pass over the data, the chunk still in cache), and compared
+with the manifest digest before the seal, so what is served is what was verified.
+
+Note [huge pages]
+~~~~~~~~~~~~~~~~~
+The memfd is filled through a mapping advised ``MADV_HUGEPAGE``. Where the node allows shmem
+transparent huge pages (``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` set to
+``advise``, ``within_size`` or ``always``) the model then sits in 2 MiB pages, and a client
+that reads every weight takes one page fault per 2 MiB instead of per 4 KiB: touching 1000 MiB
+went from about 85 ms to 5 ms on our 2-core test machine. With ``never`` (the kernel default)
+the advice is ignored and everything works with 4 KiB pages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -30,36 +43,34 @@ from trims.errors import CorruptModel, TrimsError
 log = logging.getLogger(__name__)
 
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
-_CHUNK = 64 << 20
+#: Bytes copied and hashed per step: small enough to hash while still in cache.
+_CHUNK = 4 << 20
 
 
-def _copy(src: int, dst: int, size: int, progress: Progress | None) -> int:
-    """Copy ``size`` bytes kernel-side; return how many were copied (less at EOF)."""
-    done = 0
-    while done < size:
-        try:
-            n = os.copy_file_range(src, dst, min(_CHUNK, size - done), done, done)
-        except OSError:
-            os.lseek(dst, done, os.SEEK_SET)
-            n = os.sendfile(dst, src, done, min(_CHUNK, size - done))
-        if n == 0:
-            break
-        done += n
-        if progress is not None:
-            progress("load", done, size)
-    return done
+def _fill_and_hash(src: int, dst: int, size: int, progress: Progress | None) -> tuple[int, str]:
+    """Copy ``size`` bytes of ``src`` into the memfd ``dst``; (bytes copied, sha256 of them).
 
-
-def _sha256_fd(fd: int, size: int, progress: Progress | None) -> str:
+    Each chunk is hashed from the memfd right after it is written (Note [sealed memfd]).
+    """
     h = hashlib.sha256()
     if size == 0:
-        return h.hexdigest()
-    with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m, memoryview(m) as view:
-        for start in range(0, size, _CHUNK):
-            h.update(view[start : start + _CHUNK])
-            if progress is not None:
-                progress("verify", min(start + _CHUNK, size), size)
-    return h.hexdigest()
+        return 0, h.hexdigest()
+    done = 0
+    with mmap.mmap(dst, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
+        with contextlib.suppress(OSError):
+            m.madvise(mmap.MADV_HUGEPAGE)  # Note [huge pages]
+        with memoryview(m) as view:
+            while done < size:
+                with view[done : min(done + _CHUNK, size)] as chunk:
+                    n = os.preadv(src, [chunk], done)
+                    h.update(chunk[:n])
+                if n == 0:
+                    break
+                done += n
+                if progress is not None:
+                    progress("load", done, size)
+                    progress("verify", done, size)
+    return done, h.hexdigest()
 
 
 def create_sealed_memfd(
@@ -84,7 +95,7 @@ def create_sealed_memfd(
                 "add it again"
             ) from e
         try:
-            copied = _copy(src, fd, size, progress)
+            copied, actual = _fill_and_hash(src, fd, size, progress)
         finally:
             os.close(src)
         if copied != size:
@@ -92,7 +103,6 @@ def create_sealed_memfd(
                 f"the disk copy of {label} is truncated: {copied} of {size} bytes; remove the "
                 "model and add it again"
             )
-        actual = _sha256_fd(fd, size, progress)
         if actual != digest:
             raise CorruptModel(
                 f"the disk copy of {label} fails its digest check (expected {digest[:12]}, "
