@@ -53,7 +53,7 @@ FUNCTION_SCHEMA: dict[str, Any] = {
         "handler": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
         "code_dir": {"type": "string", "minLength": 1},
         "image": {"type": "string", "minLength": 1},
-        "executor": {"enum": ["local", "docker", "kubernetes"]},
+        "executor": {"type": "string", "pattern": "^[a-z][a-z0-9-]{0,62}$"},
         "models": {
             "type": "array",
             "items": {

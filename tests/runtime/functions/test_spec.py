@@ -59,7 +59,7 @@ def test_full_spec_round_trips_through_to_dict() -> None:
                      "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]}},
          "serves.inputs[0].datatype"),
         ({"env": {"1BAD": "x"}}, "env.1BAD"),
-        ({"executor": "lambda"}, "executor"),
+        ({"executor": "Not An Executor!"}, "executor"),
         ({"colour": "blue"}, "colour"),
         ({"scaling": {"burst": 1}}, "scaling.burst"),
     ],

@@ -50,6 +50,7 @@ async def test_invalid_specs_answer_json_errors_naming_the_field(start_gateway):
         ({"name": "ok", "handler": "m:f", "bogus": 1}, 422, "bogus"),
         ([1, 2], 422, "object"),
         ({"name": "ok", "handler": "m:f", "scaling": {"max_instances": 65}}, 422, "use at most 64"),
+        ({"name": "ok", "handler": "m:f", "executor": "lambda"}, 422, "unknown executor 'lambda'"),
     ]
     for spec, want_status, word in cases:
         async with gw.session.post(f"{gw.url}/v1/functions", json=spec) as r:
