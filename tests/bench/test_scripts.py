@@ -1,0 +1,56 @@
+"""The benchmark scripts run end to end at toy sizes and write the JSON their docs promise.
+
+Performance lives in bench/, never in tests: these only catch a script that no longer runs (a
+spec or API change under it) or writes another shape of JSON. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _run(script: str, out: Path, *args: str) -> Any:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_acquire(tmp_path: Path) -> None:
+    doc = _run("acquire.py", tmp_path / "a.json", "--sizes-mb", "4", "--runs", "1",
+               "--instances", "2", "--memory-mb", "4")  # fmt: skip
+    methods = {r["method"] for r in doc["results"]}
+    assert {"trims", "torch_load", "torch_load_mmap", "safetensors"} <= methods
+    for r in doc["results"]:
+        assert {"size_mb", "method", "median_s", "min_s", "max_s"} <= set(r)
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+    assert doc["memory"]["instances"] == 2
+    assert {"trims", "baseline"} <= set(doc["memory"]["pss_mb"])
+
+
+@pytest.mark.slow
+def test_coldstart(tmp_path: Path) -> None:
+    doc = _run("coldstart.py", tmp_path / "c.json", "--model-mb", "2", "--runs", "1")
+    modes = {r["mode"] for r in doc["results"]}
+    assert modes == {"no_store", "store", "store_zygote", "warm"}
+    for r in doc["results"]:
+        assert {"mode", "model_mb", "median_s", "min_s", "max_s"} <= set(r)
+
+
+def test_gateway(tmp_path: Path) -> None:
+    doc = _run("gateway.py", tmp_path / "g.json", "--concurrency", "2", "--seconds", "1",
+               "--repeat", "1")  # fmt: skip
+    assert {"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps"} <= set(doc)
+    assert doc["errors"] == 0 and doc["echo_rps"] > 0 and doc["bare_rps"] > 0
