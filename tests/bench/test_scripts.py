@@ -54,3 +54,14 @@ def test_gateway(tmp_path: Path) -> None:
                "--repeat", "1")  # fmt: skip
     assert {"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps"} <= set(doc)
     assert doc["errors"] == 0 and doc["echo_rps"] > 0 and doc["bare_rps"] > 0
+
+
+@pytest.mark.slow
+def test_density(tmp_path: Path) -> None:
+    doc = _run("density.py", tmp_path / "d.json", "--model-mb", "2", "--instances", "2",
+               "--churn-models", "3", "--churn-mb", "1", "--seconds", "1", "--concurrency", "2",
+               "--budget-gib", "1", "--idle-s", "1")  # fmt: skip
+    assert {"density", "churn", "model_mb"} <= set(doc)
+    for mode in ("store", "no_store"):
+        assert doc["density"][mode]["instances"] == 2
+        assert doc["churn"][mode]["errors"] == 0 and doc["churn"][mode]["requests"] > 0
