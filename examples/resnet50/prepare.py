@@ -17,21 +17,6 @@ MODEL = "resnet50-demo"
 DEFAULT_OUT = HERE / "weights" / "resnet50.safetensors"
 
 
-def add_to_store(name: str, path: Path, socket: Path | None) -> bool:
-    """Register ``path`` with the store daemon; False (with a note) when none is running."""
-    from trims.errors import TrimsError
-    from trims.runtime.client import StoreClient
-
-    try:
-        with StoreClient(socket) as client:
-            model = client.add(name, path, fmt="safetensors")
-    except TrimsError as e:
-        print(f"model {name} not added to the store ({e.message}); it loads from {path}")
-        return False
-    print(f"model {name} added to the store: {model.get('digest', '')[:12]}")
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -39,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", type=Path, help="store socket (default $TRIMS_SOCKET)")
     parser.add_argument("--no-store", action="store_true", help="only write the weights")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent))
+    from _store import add_to_store
+
     sys.path.insert(0, str(HERE))
     from network import random_state_dict
     from safetensors.torch import save_file
@@ -49,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(t.numel() * t.element_size() for t in state.values())
     print(f"wrote {len(state)} tensors ({size / 2**20:.1f} MiB) to {args.out}")
     if not args.no_store:
-        add_to_store(MODEL, args.out, args.socket)
+        add_to_store(MODEL, args.out, args.socket, "safetensors")
     return 0
 
 
