@@ -12,17 +12,21 @@ latencies less the fixed per-run overhead each brick run paid and the whole mode
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trims.evaluation import submodel
+from trims.evaluation.measure import Measurement
 
 if TYPE_CHECKING:
     import onnx
 
-    from trims.evaluation.generator import Bencher
+    from trims.evaluation.generator import Bencher, Benchmark
     from trims.evaluation.ir import ModelIR
+    from trims.evaluation.measure import Sampler
 
 
 #: a brick holds at most one run of these: a new one starts a new brick, so repeated
@@ -167,46 +171,81 @@ class BrickStudy:
     time_bricks_s: float
 
 
+def tolerances(
+    bricks: list[Brick], times_ms: dict[str, float], overhead_ms: float, target_rel: float
+) -> dict[str, float]:
+    """Per unique brick of one model, the standard error (ms) its measurement may keep.
+
+    The model's estimate is ``E = sum_i c_i t_i - (n - 1) o`` over its ``u`` unique bricks
+    ``i`` (``c_i`` occurrences each, ``n`` bricks in all, ``o`` the fixed per-run cost). The
+    bricks are measured separately, so their errors are independent and
+    ``SE(E)^2 = sum_i c_i^2 s_i^2``. Asking ``c_i s_i <= target_rel * E / sqrt(u)`` of every
+    brick gives ``SE(E)^2 <= u (target_rel E)^2 / u``, i.e. ``SE(E) <= target_rel * E``: the
+    same relative precision a whole-model measurement is asked for. In relative terms a brick
+    with share ``p_i = c_i t_i / E`` of the model needs ``s_i / t_i <= target_rel / (p_i
+    sqrt(u))``, so the smaller its share, the looser its precision and the sooner it stops.
+    ``E`` is taken from ``times_ms`` (pilot runs of the bricks not yet measured): the
+    reconstruction itself, not the whole-model measurement it is compared with.
+    """
+    counts = Counter(b.signature for b in bricks)
+    share = target_rel * reconstruct(bricks, times_ms, overhead_ms) / math.sqrt(len(counts))
+    return {sig: share / c for sig, c in counts.items()}
+
+
+@dataclass
+class _Tally:
+    """What the study has measured so far, across models and granularities."""
+
+    final: dict[str, Measurement] = field(default_factory=dict)
+    #: the tightest standard error any model has asked of each brick so far
+    asked: dict[str, float] = field(default_factory=dict)
+
+
 def study(
     irs: list[ModelIR],
     bencher: Bencher,
     granularities: list[int],
     progress: Callable[[list[ModelIR], str], Iterable[ModelIR]],
+    target_rel: float = 0.02,
 ) -> list[BrickStudy]:
     """Measure every model whole and every unique brick once per granularity; compare.
+
+    Each whole model is measured until the standard error of its time is below ``target_rel``
+    of it. Bricks: every new brick of a model gets a session, its warm-up and ``min_reps``
+    pilot runs; then each continues until its error is within its share of the model's budget
+    (:func:`tolerances`), so the reconstruction meets the same ``target_rel``. A brick shared
+    with a later model that asks for more precision than it was measured to is measured again
+    (both costs counted). Both sides share the settings' ``min_reps``, warm-up and time cap.
 
     Measurement is interleaved: a model is measured whole, then its bricks not yet measured
     (for every granularity), then the next model, so a slow drift in the machine's background
     load cannot separate "whole" from "bricks". Bricks equal across granularities are one
-    database row; each granularity's benchmarking time still counts every brick it needs.
+    database row; each granularity's benchmarking time counts every brick it needs, from
+    export to the last timed run, and the fixed-cost (empty model) benchmark.
     """
     from trims.evaluation import generator
+    from trims.evaluation.measure import Precision
 
-    overhead = bencher.overhead_ms()
+    empty = bencher.overhead()
+    overhead = empty.trimmed_mean_ms
     per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
     measured: dict[str, float] = {}
-    times: dict[str, float] = {}
-    spent = dict.fromkeys(granularities, 0.0)
-    seen: dict[int, set[str]] = {g: set() for g in granularities}
+    tally = _Tally()
+    cost: dict[int, dict[str, float]] = {g: {} for g in granularities}
     time_whole = 0.0
     for ir in progress(irs, "models"):
-        whole = bencher.run(generator.model_benchmark(ir)).measurement
+        whole_bench = generator.model_benchmark(ir)
+        whole = bencher.cached(whole_bench)
+        if whole is None:
+            whole = bencher.open(whole_bench).run(Precision(rel=target_rel).met)
+            bencher.store(whole_bench, whole)
         measured[ir.name] = whole.trimmed_mean_ms
         time_whole += whole.elapsed_s
         for g in granularities:
+            _measure_bricks(ir, per_g[g][ir.name], bencher, tally, overhead, target_rel)
             for brick in per_g[g][ir.name]:
-                if brick.signature in seen[g]:
-                    continue
-                seen[g].add(brick.signature)
-                bench = generator.Benchmark(
-                    "brick",
-                    brick.signature,
-                    f"{ir.name}/brick@{brick.indices[0]}",
-                    _exporter(ir, brick),
-                )
-                m = bencher.run(bench).measurement
-                times[brick.signature] = m.trimmed_mean_ms
-                spent[g] += m.elapsed_s
+                cost[g][brick.signature] = tally.final[brick.signature].elapsed_s
+    times = {sig: m.trimmed_mean_ms for sig, m in tally.final.items()}
     out: list[BrickStudy] = []
     for g in granularities:
         per_model = per_g[g]
@@ -223,13 +262,63 @@ def study(
             BrickStudy(
                 granularity=g,
                 models=models,
-                unique_bricks=len(seen[g]),
+                unique_bricks=len(cost[g]),
                 total_bricks=sum(len(b) for b in per_model.values()),
                 time_whole_s=time_whole,
-                time_bricks_s=spent[g],
+                time_bricks_s=empty.elapsed_s + sum(cost[g].values()),
             )
         )
     return out
+
+
+def _measure_bricks(
+    ir: ModelIR,
+    bricks: list[Brick],
+    bencher: Bencher,
+    tally: _Tally,
+    overhead_ms: float,
+    target_rel: float,
+) -> None:
+    """Pilot the model's new bricks, then take each to the precision the model needs."""
+    from trims.evaluation.measure import Precision
+
+    first: dict[str, Brick] = {}
+    for brick in bricks:
+        first.setdefault(brick.signature, brick)
+    pending: dict[str, tuple[Benchmark, Sampler]] = {}
+    times: dict[str, float] = {}
+    for sig, brick in first.items():
+        if sig not in tally.final:
+            bench = _benchmark(ir, brick)
+            cached = bencher.cached(bench)
+            if cached is None:
+                sampler = bencher.open(bench)
+                pending[sig] = (bench, sampler)
+                cached = sampler.run(lambda _: True)
+            tally.final[sig] = cached
+        times[sig] = tally.final[sig].trimmed_mean_ms
+    for sig, tol in tolerances(bricks, times, overhead_ms, target_rel).items():
+        done = tally.final[sig]
+        if sig in pending:
+            bench, sampler = pending.pop(sig)
+        elif done.std_error_ms > tol and tol < tally.asked.get(sig, math.inf):
+            bench = _benchmark(ir, first[sig])
+            sampler = bencher.open(bench)
+            sampler.setup_s += done.elapsed_s
+        else:
+            continue
+        tally.asked[sig] = min(tol, tally.asked.get(sig, math.inf))
+        result = sampler.run(Precision(abs_ms=tol).met)
+        bencher.store(bench, result)
+        tally.final[sig] = result
+
+
+def _benchmark(ir: ModelIR, brick: Brick) -> Benchmark:
+    from trims.evaluation import generator
+
+    return generator.Benchmark(
+        "brick", brick.signature, f"{ir.name}/brick@{brick.indices[0]}", _exporter(ir, brick)
+    )
 
 
 def _exporter(ir: ModelIR, brick: Brick) -> Callable[[], onnx.ModelProto]:

@@ -35,6 +35,7 @@ class AnalyzeSettings:
     force: bool
     max_time_s: float
     min_reps: int
+    target_rel: float
     progress: bool
     mxnet_python: str | None
 
@@ -68,7 +69,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-time", type=float, default=0.5, help="seconds per benchmark before it stops"
     )
     parser.add_argument(
-        "--min-reps", type=int, default=7, help="timed runs per benchmark, at least"
+        "--min-reps",
+        type=int,
+        help="timed runs per benchmark, at least (default 7; bricks: 3, then --target-rel)",
+    )
+    parser.add_argument(
+        "--target-rel",
+        type=float,
+        default=0.02,
+        help="bricks: standard error asked of each model's time, measured whole or "
+        "reconstructed from bricks, as a fraction of it (default 0.02)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -95,7 +105,8 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
         plots=args.plots,
         force=args.force,
         max_time_s=args.max_time,
-        min_reps=args.min_reps,
+        min_reps=args.min_reps or (3 if args.analysis == "bricks" else 7),
+        target_rel=args.target_rel,
         progress=not args.no_progress and sys.stderr.isatty(),
         mxnet_python=args.mxnet_python,
     )
@@ -342,6 +353,7 @@ def _bricks(settings: AnalyzeSettings) -> int:
             bencher,
             list(settings.granularities),
             lambda items, desc: _progress(items, desc, settings.progress),
+            settings.target_rel,
         )
     finally:
         db.close()
@@ -391,6 +403,8 @@ def _bricks(settings: AnalyzeSettings) -> int:
         ],
         "variant": settings.variants[0],
         "batch": settings.batch,
+        "min_reps": settings.min_reps,
+        "target_rel": settings.target_rel,
     }
     _write_json(settings.json_out, body)
     if settings.plots:

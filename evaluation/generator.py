@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from trims.errors import ValidationError
 from trims.evaluation import ort_backend, submodel
 from trims.evaluation.db import ResultKey, ResultsDB, system_id
-from trims.evaluation.measure import Measurement, MeasureSettings, measure
+from trims.evaluation.measure import Measurement, MeasureSettings, Sampler, stable
 
 if TYPE_CHECKING:
     import onnx
@@ -204,41 +204,49 @@ class Bencher:
         return [results[i] for i in range(len(benches))]
 
     def run(self, bench: Benchmark) -> BenchResult:
-        """Measure ``bench``, or reuse the stored result unless forced.
+        """Measure ``bench`` with the settings' stability rule, or reuse the stored result.
 
-        ``elapsed_s`` is the benchmarking cost on the measurement clock: creating the session,
-        warm-up and the timed runs (building the ONNX model, a one-off export, is not counted;
-        neither is loading and preparing a whole model).
+        ``elapsed_s`` is the benchmarking cost on the measurement clock: building the ONNX
+        model (a brick's export), creating the session, warm-up and the timed runs.
         """
-        key = self.key(bench.kind, bench.signature)
         if self.framework == "mxnet":
             return self.run_many([bench])[0]
-        if not self.force:
-            cached = self.db.get(key)
-            if cached is not None:
-                return BenchResult(cached, fresh=False)
-        model = bench.build()
-        clock = self.settings.timer()
-        start = clock()
-        fn = self._runner(model, bench.label)
-        result = measure(fn, self.settings)
-        total = clock() - start
-        result = Measurement(
-            trimmed_mean_ms=result.trimmed_mean_ms,
-            median_ms=result.median_ms,
-            spread_ms=result.spread_ms,
-            min_ms=result.min_ms,
-            reps=result.reps,
-            elapsed_s=total,
-        )
-        self.db.put(key, result, bench.label)
-        log.debug("%s %s measured: %.3f ms", bench.kind, bench.label, result.trimmed_mean_ms)
+        cached = self.cached(bench)
+        if cached is not None:
+            return BenchResult(cached, fresh=False)
+        s = self.settings
+        result = self.open(bench).run(lambda xs: stable(xs, s.rel_tol, s.abs_tol_ms / 1e3))
+        self.store(bench, result)
         return BenchResult(result, fresh=True)
 
-    def overhead_ms(self) -> float:
+    def cached(self, bench: Benchmark) -> Measurement | None:
+        """The stored result for ``bench``, or None if there is none or re-measuring is forced."""
+        return None if self.force else self.db.get(self.key(bench.kind, bench.signature))
+
+    def open(self, bench: Benchmark) -> Sampler:
+        """Build ``bench``, create its session and warm it up; the setup cost counts as elapsed."""
+        if self.framework == "mxnet":
+            raise ValidationError(
+                f"benchmark {bench.label!r}: MXNet runs benchmarks in batches in its own "
+                "process and cannot keep one open; use onnxruntime or pytorch"
+            )
+        clock = self.settings.timer()
+        start = clock()
+        fn = self._runner(bench.build(), bench.label)
+        return Sampler(fn, self.settings, setup_s=clock() - start)
+
+    def store(self, bench: Benchmark, result: Measurement) -> None:
+        """Record a measurement taken through :meth:`open`."""
+        self.db.put(self.key(bench.kind, bench.signature), result, bench.label)
+        log.debug("%s %s measured: %.3f ms", bench.kind, bench.label, result.trimmed_mean_ms)
+
+    def overhead(self) -> Measurement:
         """Fixed cost of one run of an empty model; subtracted from layer and brick times."""
         bench = Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
-        return self.run(bench).measurement.trimmed_mean_ms
+        return self.run(bench).measurement
+
+    def overhead_ms(self) -> float:
+        return self.overhead().trimmed_mean_ms
 
 
 def model_benchmark(ir: ModelIR) -> Benchmark:

@@ -12,6 +12,12 @@ more often than a 0.2 ms layer run, which biases every whole-vs-parts comparison
 intra-op thread the frameworks compute on the calling thread, so the default clock is that
 thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``): it counts the work done, not the time spent
 waiting for a core. Use ``clock="wall"`` for multi-threaded variants.
+
+A second stopping rule, :class:`Precision`, asks for an absolute or relative bound on the
+standard error of the estimate (see :func:`std_error`); the bricks study uses it to give each
+benchmark the precision its use needs (see :func:`trims.evaluation.bricks.tolerances`). A
+:class:`Sampler` keeps a benchmark open between rounds of runs, so a brick can take a few pilot
+runs, wait until its model's other bricks have theirs, then continue to the precision it needs.
 """
 
 from __future__ import annotations
@@ -65,6 +71,41 @@ class Measurement:
     reps: int
     elapsed_s: float
 
+    @property
+    def std_error_ms(self) -> float:
+        """Standard error of the estimate, from the stored IQR and run count (:func:`std_error`)."""
+        return _IQR_TO_SD * self.spread_ms / math.sqrt(self.reps)
+
+
+#: a normal distribution's standard deviation per unit of interquartile range (1 / 1.349)
+_IQR_TO_SD = 1.0 / 1.349
+
+
+def std_error(samples: list[float] | np.ndarray) -> float:
+    """Robust standard error of a location estimate: (IQR / 1.349) / sqrt(n).
+
+    The IQR, not the standard deviation, estimates the spread, so one preempted run does not
+    inflate it; the same formula applied to a stored :class:`Measurement` (its ``spread_ms`` and
+    ``reps``) gives :attr:`Measurement.std_error_ms`, so a database row can be judged against
+    a new precision requirement without its samples.
+    """
+    q1, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 75])
+    return float(_IQR_TO_SD * (q3 - q1) / math.sqrt(len(samples)))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Stop once the standard error is below ``rel`` of the trimmed mean or ``abs_ms``."""
+
+    rel: float = 0.0
+    abs_ms: float = 0.0
+    trim: float = 0.2
+
+    def met(self, samples_s: list[float]) -> bool:
+        """Whether the per-run seconds in ``samples_s`` already meet this precision."""
+        bound_s = max(self.rel * trimmed_mean(samples_s, self.trim), self.abs_ms / 1e3)
+        return std_error(samples_s) <= bound_s
+
 
 def trimmed_mean(samples: list[float] | np.ndarray, trim: float = 0.2) -> float:
     """Mean of the samples after dropping ``trim`` of them at each end."""
@@ -76,7 +117,8 @@ def trimmed_mean(samples: list[float] | np.ndarray, trim: float = 0.2) -> float:
     return float(kept.mean())
 
 
-def _stable(samples: list[float], rel_tol: float, abs_tol_s: float) -> bool:
+def stable(samples: list[float], rel_tol: float, abs_tol_s: float) -> bool:
+    """The notch rule: the median's 95% confidence half-width is within tolerance."""
     q1, median, q3 = np.percentile(samples, [25, 50, 75])
     half_width = 1.57 * (q3 - q1) / math.sqrt(len(samples))
     return bool(half_width <= max(rel_tol * median, abs_tol_s))
@@ -96,21 +138,60 @@ def summarize(samples_s: list[float], elapsed_s: float, trim: float = 0.2) -> Me
     )
 
 
+#: a stopping criterion on the per-run seconds so far
+Stop = Callable[[list[float]], bool]
+
+
+def stop_after(
+    samples_s: list[float], elapsed_s: float, settings: MeasureSettings, enough: Stop
+) -> bool:
+    """The stopping rule: never below ``min_reps``; then ``enough``, the time or run budget."""
+    if len(samples_s) < settings.min_reps:
+        return False
+    return (
+        len(samples_s) >= settings.max_reps or elapsed_s >= settings.max_time_s or enough(samples_s)
+    )
+
+
+class Sampler:
+    """One open benchmark: warmed up once, timed in rounds until a criterion is met.
+
+    ``elapsed_s`` counts ``setup_s`` (what it cost to get ``fn``: export, session creation)
+    plus the warm-up and every timed run, on the measurement clock, and nothing done between
+    rounds.
+    """
+
+    def __init__(self, fn: Callable[[], object], settings: MeasureSettings, setup_s: float = 0.0):
+        self.fn = fn
+        self.settings = settings
+        self.samples: list[float] = []
+        self._clock = settings.timer()
+        start = self._clock()
+        for _ in range(settings.warmup):
+            fn()
+        self._runs_s = self._clock() - start
+        self.setup_s = setup_s
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.setup_s + self._runs_s
+
+    def run(self, enough: Stop) -> Measurement:
+        """Time more runs until :func:`stop_after` says stop; summarize all runs so far."""
+        clock = self._clock
+        while not stop_after(self.samples, self._runs_s, self.settings, enough):
+            t0 = clock()
+            self.fn()
+            t1 = clock()
+            self.samples.append(t1 - t0)
+            self._runs_s += t1 - t0
+        return self.measurement()
+
+    def measurement(self) -> Measurement:
+        return summarize(self.samples, self.elapsed_s, self.settings.trim)
+
+
 def measure(fn: Callable[[], object], settings: MeasureSettings | None = None) -> Measurement:
     """Time ``fn`` per :class:`MeasureSettings`; ``elapsed_s`` (same clock) includes warm-up."""
     s = settings or MeasureSettings()
-    clock = s.timer()
-    start = clock()
-    for _ in range(s.warmup):
-        fn()
-    samples: list[float] = []
-    while len(samples) < s.max_reps:
-        t0 = clock()
-        fn()
-        t1 = clock()
-        samples.append(t1 - t0)
-        if len(samples) < s.min_reps:
-            continue
-        if t1 - start >= s.max_time_s or _stable(samples, s.rel_tol, s.abs_tol_ms / 1e3):
-            break
-    return summarize(samples, clock() - start, s.trim)
+    return Sampler(fn, s).run(lambda samples: stable(samples, s.rel_tol, s.abs_tol_ms / 1e3))
