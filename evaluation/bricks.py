@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from trims.evaluation import submodel
 from trims.evaluation.measure import Measurement
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
     from trims.evaluation.generator import Bencher, Benchmark
@@ -103,9 +104,13 @@ def _brick(ir: ModelIR, indices: list[int]) -> Brick:
     return Brick(ir.name, tuple(indices), submodel.group_signature(ir, indices))
 
 
-def export(ir: ModelIR, brick: Brick) -> onnx.ModelProto:
-    """The brick as a runnable ONNX model (its one input and one output are graph I/O)."""
-    return submodel.extract(ir, list(brick.indices), f"{ir.name}_brick_{brick.indices[0]}")
+def export(ir: ModelIR, brick: Brick, external: Collection[str] = ()) -> onnx.ModelProto:
+    """The brick as a runnable ONNX model (its one input and one output are graph I/O).
+
+    Initializers named in ``external`` are left out of band (:func:`submodel.extract`).
+    """
+    name = f"{ir.name}_brick_{brick.indices[0]}"
+    return submodel.extract(ir, list(brick.indices), name, external)
 
 
 def unique_bricks(per_model: dict[str, list[Brick]]) -> dict[str, Brick]:
@@ -234,7 +239,9 @@ def study(
     cost: dict[int, dict[str, float]] = {g: {} for g in granularities}
     time_whole = 0.0
     for ir in progress(irs, "models"):
-        whole_bench = generator.model_benchmark(ir)
+        # loading the weights into memory is preparation both sides share, like loading the model
+        weights = submodel.weights(ir) if bencher.framework == "onnxruntime" else None
+        whole_bench = generator.model_benchmark(ir, weights)
         whole = bencher.cached(whole_bench)
         if whole is None:
             whole = bencher.open(whole_bench).run(Precision(rel=target_rel).met)
@@ -242,7 +249,7 @@ def study(
         measured[ir.name] = whole.trimmed_mean_ms
         time_whole += whole.elapsed_s
         for g in granularities:
-            _measure_bricks(ir, per_g[g][ir.name], bencher, tally, overhead, target_rel)
+            _measure_bricks(ir, weights, per_g[g][ir.name], bencher, tally, overhead, target_rel)
             for brick in per_g[g][ir.name]:
                 cost[g][brick.signature] = tally.final[brick.signature].elapsed_s
     times = {sig: m.trimmed_mean_ms for sig, m in tally.final.items()}
@@ -273,6 +280,7 @@ def study(
 
 def _measure_bricks(
     ir: ModelIR,
+    weights: Mapping[str, np.ndarray] | None,
     bricks: list[Brick],
     bencher: Bencher,
     tally: _Tally,
@@ -289,7 +297,7 @@ def _measure_bricks(
     times: dict[str, float] = {}
     for sig, brick in first.items():
         if sig not in tally.final:
-            bench = _benchmark(ir, brick)
+            bench = _benchmark(ir, brick, weights)
             cached = bencher.cached(bench)
             if cached is None:
                 sampler = bencher.open(bench)
@@ -302,7 +310,7 @@ def _measure_bricks(
         if sig in pending:
             bench, sampler = pending.pop(sig)
         elif done.std_error_ms > tol and tol < tally.asked.get(sig, math.inf):
-            bench = _benchmark(ir, first[sig])
+            bench = _benchmark(ir, first[sig], weights)
             sampler = bencher.open(bench)
             sampler.setup_s += done.elapsed_s
         else:
@@ -313,13 +321,11 @@ def _measure_bricks(
         tally.final[sig] = result
 
 
-def _benchmark(ir: ModelIR, brick: Brick) -> Benchmark:
+def _benchmark(ir: ModelIR, brick: Brick, weights: Mapping[str, np.ndarray] | None) -> Benchmark:
     from trims.evaluation import generator
 
+    label = f"{ir.name}/brick@{brick.indices[0]}"
+    external = frozenset(weights or ())
     return generator.Benchmark(
-        "brick", brick.signature, f"{ir.name}/brick@{brick.indices[0]}", _exporter(ir, brick)
+        "brick", brick.signature, label, lambda: export(ir, brick, external), weights
     )
-
-
-def _exporter(ir: ModelIR, brick: Brick) -> Callable[[], onnx.ModelProto]:
-    return lambda: export(ir, brick)

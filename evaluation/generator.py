@@ -8,7 +8,7 @@ the :class:`~trims.evaluation.db.ResultsDB` and skips what is already measured u
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ from trims.evaluation.db import ResultKey, ResultsDB, system_id
 from trims.evaluation.measure import Measurement, MeasureSettings, Sampler, stable
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
     from trims.evaluation.ir import ModelIR
@@ -42,6 +43,8 @@ class Benchmark:
     signature: str
     label: str
     build: Callable[[], onnx.ModelProto]
+    #: data of the initializers ``build`` leaves out of band (ONNX Runtime only)
+    weights: Mapping[str, np.ndarray] | None = None
 
 
 def layer_benchmarks(irs: Iterable[ModelIR]) -> list[Benchmark]:
@@ -169,9 +172,15 @@ class Bencher:
             variant=self.variant,
         )
 
-    def _runner(self, model: onnx.ModelProto, name: str) -> Callable[[], object]:
+    def _runner(
+        self, model: onnx.ModelProto, name: str, weights: Mapping[str, np.ndarray] | None
+    ) -> Callable[[], object]:
         if self.framework == "onnxruntime":
-            return ort_backend.runner(model, self._ort_variant, name)
+            return ort_backend.runner(model, self._ort_variant, name, weights)
+        if weights is not None:
+            raise ValidationError(
+                f"benchmark {name!r} keeps its weights out of band, which only onnxruntime takes"
+            )
         from trims.evaluation import torch_backend
 
         return torch_backend.runner(model, self._threads, name)
@@ -232,7 +241,7 @@ class Bencher:
             )
         clock = self.settings.timer()
         start = clock()
-        fn = self._runner(bench.build(), bench.label)
+        fn = self._runner(bench.build(), bench.label, bench.weights)
         return Sampler(fn, self.settings, setup_s=clock() - start)
 
     def store(self, bench: Benchmark, result: Measurement) -> None:
@@ -249,9 +258,17 @@ class Bencher:
         return self.overhead().trimmed_mean_ms
 
 
-def model_benchmark(ir: ModelIR) -> Benchmark:
-    """The whole prepared model as a benchmark."""
-    from trims.evaluation.submodel import group_signature
+def model_benchmark(ir: ModelIR, weights: Mapping[str, np.ndarray] | None = None) -> Benchmark:
+    """The whole prepared model as a benchmark.
 
-    sig = group_signature(ir, list(range(len(ir.layers))))
-    return Benchmark("model", sig, ir.name, lambda: ir.model)
+    With ``weights`` (:func:`~trims.evaluation.submodel.weights`) the model is exported the way
+    a brick is, its large initializers out of band, so whole models and bricks pay the same
+    kind of setup.
+    """
+    everything = list(range(len(ir.layers)))
+    sig = submodel.group_signature(ir, everything)
+    if weights is None:
+        return Benchmark("model", sig, ir.name, lambda: ir.model)
+    return Benchmark(
+        "model", sig, ir.name, lambda: submodel.extract(ir, everything, ir.name, weights), weights
+    )

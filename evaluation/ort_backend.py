@@ -7,7 +7,7 @@ session run only: no input conversion and no output copy into NumPy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,8 +71,19 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     return feeds
 
 
-def session(model: onnx.ModelProto, variant: OrtVariant, name: str) -> ort.InferenceSession:
-    """An InferenceSession for ``model`` configured per ``variant``."""
+def session(
+    model: onnx.ModelProto,
+    variant: OrtVariant,
+    name: str,
+    weights: Mapping[str, np.ndarray] | None = None,
+) -> ort.InferenceSession:
+    """An InferenceSession for ``model`` configured per ``variant``.
+
+    Initializers the model marks as external take their data from ``weights`` (see
+    :func:`trims.evaluation.submodel.weights`); ONNX Runtime uses those arrays in place, so
+    they must outlive the session (the runner's closure keeps them).
+    """
+    import onnx
     import onnxruntime as ort
 
     levels = {
@@ -86,19 +97,40 @@ def session(model: onnx.ModelProto, variant: OrtVariant, name: str) -> ort.Infer
     opts.intra_op_num_threads = variant.threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    external = [
+        t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+    ]
+    given = weights or {}
+    missing = [n for n in external if n not in given]
+    if missing:
+        raise ValidationError(
+            f"model {name!r} leaves initializers {missing[:3]} out of band but no weights were "
+            "given for them; pass submodel.weights(ir) along with the model"
+        )
+    values = [ort.OrtValue.ortvalue_from_numpy(given[n]) for n in external]
+    if external:
+        opts.add_external_initializers(external, values)
     try:
-        return ort.InferenceSession(
+        sess = ort.InferenceSession(
             model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
         )
     except Exception as e:
         raise ValidationError(f"model {name!r} does not load in ONNX Runtime: {e}") from e
+    # the session reads the external arrays in place: they live exactly as long as it does
+    sess._trims_external = values  # type: ignore[attr-defined]
+    return sess
 
 
-def runner(model: onnx.ModelProto, variant: OrtVariant, name: str) -> Callable[[], object]:
-    """A callable that runs ``model`` once on bound random inputs."""
+def runner(
+    model: onnx.ModelProto,
+    variant: OrtVariant,
+    name: str,
+    weights: Mapping[str, np.ndarray] | None = None,
+) -> Callable[[], object]:
+    """A callable that runs ``model`` once on bound random inputs (``weights``: see session)."""
     import onnxruntime as ort
 
-    sess = session(model, variant, name)
+    sess = session(model, variant, name, weights)
     binding = sess.io_binding()
     feeds = random_inputs(model)
     for key, value in feeds.items():

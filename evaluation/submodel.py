@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     import onnx
@@ -12,12 +15,49 @@ if TYPE_CHECKING:
     from trims.evaluation.ir import ModelIR
 
 
-def extract(ir: ModelIR, indices: list[int], name: str) -> onnx.ModelProto:
+#: initializers at least this large can be left out of an exported model (see :func:`weights`)
+EXTERNAL_MIN_BYTES = 4096
+
+
+def weights(ir: ModelIR) -> dict[str, np.ndarray]:
+    """The model's large initializers as arrays, for runtimes that take weights out of band.
+
+    A model exported with ``external=weights(ir)`` carries only these tensors' names, types and
+    shapes; ONNX Runtime then uses the arrays in place
+    (:func:`trims.evaluation.ort_backend.session`) instead of copying them out of the
+    serialized model, so a sub-model costs no weight copy to export and far less to load.
+    Small tensors (shapes, axes) stay inline: shape inference reads them.
+    """
+    from onnx import numpy_helper
+
+    out: dict[str, np.ndarray] = {}
+    for t in ir.model.graph.initializer:
+        array = numpy_helper.to_array(t)
+        if array.nbytes >= EXTERNAL_MIN_BYTES:
+            out[t.name] = np.ascontiguousarray(array)
+    return out
+
+
+def _external(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A data-less copy of ``tensor`` that says its data comes from elsewhere."""
+    from onnx import TensorProto
+
+    out = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+    out.data_location = TensorProto.EXTERNAL
+    entry = out.external_data.add()
+    entry.key = "location"
+    entry.value = "trims-out-of-band"
+    return out
+
+
+def extract(
+    ir: ModelIR, indices: list[int], name: str, external: Collection[str] = ()
+) -> onnx.ModelProto:
     """The nodes ``indices`` of ``ir`` as a standalone model.
 
     Graph inputs are the activations the nodes read but do not produce; graph outputs are the
     tensors they produce that another node (or the model's output) reads; only the
-    initializers the nodes read are copied.
+    initializers the nodes read are copied, and those named in ``external`` without their data.
     """
     from onnx import helper
 
@@ -50,7 +90,7 @@ def extract(ir: ModelIR, indices: list[int], name: str) -> onnx.ModelProto:
         name,
         [infos[t] for t in inputs],
         [infos[t] for t in outputs],
-        initializer=[inits[t] for t in used_inits],
+        initializer=[_external(inits[t]) if t in external else inits[t] for t in used_inits],
         value_info=[infos[t] for t in produced if t in infos and t not in outputs],
     )
     out = helper.make_model(sub, opset_imports=list(model.opset_import))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from tests.evaluation import graphs
-from trims.evaluation import bricks, graph, ir, ort_backend
+from trims.errors import ValidationError
+from trims.evaluation import bricks, generator, graph, ir, ort_backend, submodel
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
@@ -85,3 +87,34 @@ def test_reconstruct_subtracts_per_run_overhead() -> None:
     assert len({p.signature for p in parts}) == 4
     # six bricks: 2 + 5 * 1 ms, each paid 0.1 ms of fixed cost the whole model pays once
     assert abs(bricks.reconstruct(parts, times, 0.1) - (7.0 - 6 * 0.1 + 0.1)) < 1e-9
+
+
+def test_bricks_and_whole_model_with_out_of_band_weights_match_inline() -> None:
+    m = _ir(graphs.residual(blocks=2, channels=32), "res")
+    weights = submodel.weights(m)
+    assert weights and all(a.nbytes >= submodel.EXTERNAL_MIN_BYTES for a in weights.values())
+    for brick in bricks.decompose(m, 3):
+        inline = bricks.export(m, brick)
+        lean = bricks.export(m, brick, frozenset(weights))
+        if set(weights) & {t.name for t in inline.graph.initializer}:
+            assert lean.ByteSize() < inline.ByteSize()
+        feeds = ort_backend.random_inputs(inline)
+        want = ort_backend.session(inline, ort_backend.OrtVariant("all", 1), "inline").run(
+            None, feeds
+        )
+        got = ort_backend.session(lean, ort_backend.OrtVariant("all", 1), "lean", weights).run(
+            None, feeds
+        )
+        np.testing.assert_array_equal(got[0], want[0])
+    whole = generator.model_benchmark(m, weights)
+    feeds = ort_backend.random_inputs(m.model)
+    want = ort_backend.run_outputs(m.model, feeds, "res")
+    sess = ort_backend.session(whole.build(), ort_backend.OrtVariant("disable", 1), "res", weights)
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], want[0])
+
+
+def test_out_of_band_weights_missing_is_a_clear_error() -> None:
+    m = _ir(graphs.residual(blocks=1, channels=32), "res")
+    lean = generator.model_benchmark(m, submodel.weights(m)).build()
+    with pytest.raises(ValidationError, match="out of band"):
+        ort_backend.session(lean, ort_backend.OrtVariant("all", 1), "res")
