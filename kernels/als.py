@@ -15,15 +15,21 @@ pairs) and preferences p_ui = 1 where c_ui is given::
     (Y^T Y + lambda I + sum_i (c_ui - 1) y_i y_i^T) x_u = sum_i c_ui y_i
 
 solved by ``cg_steps`` CG iterations warm-started at the current x_u. Here the CG runs for all
-rows at once: each step is one gather of the rated factors, one row-wise dot, and one sparse
-(rows x items) @ Y product. Everything is written against an array module ``xp`` (NumPy, or
-CuPy with cupyx.scipy.sparse on a GPU).
+rows of a block at once: each step is one gather of the rated factors, one row-wise dot, and one
+sparse (rows x items) @ Y product. Rows are independent, so on the CPU they are split into one
+contiguous block per thread (balanced by nonzeros) whose CGs run in a thread pool: NumPy and
+SciPy release the GIL inside those kernels. On a GPU all rows form one block. Everything is
+written against an array module ``xp`` (NumPy, or CuPy with cupyx.scipy.sparse on a GPU).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +141,7 @@ def explicit_init(r: Any, n_items: int, k: int, seed: int, be: Backend, dtype: A
 
 @dataclass(frozen=True)
 class _Structure:
-    """Per-nonzero row ids of a CSR confidence matrix, computed once per fit."""
+    """Per-nonzero row ids of a CSR confidence matrix (or of one row block), computed once."""
 
     rows: Any
     cols: Any
@@ -144,9 +150,12 @@ class _Structure:
     counts: Any
     #: (first row, end row) of consecutive row ranges holding about DOT_CHUNK nonzeros each
     chunks: list[tuple[int, int]]
+    #: (first row, end row, the block's own structure) of each row block; empty: one block
+    blocks: list[tuple[int, int, _Structure]]
 
 
-def _structure(c: Any, be: Backend) -> _Structure:
+def _structure(c: Any, be: Backend, blocks: int = 1) -> _Structure:
+    """The structure of ``c``, split into ``blocks`` contiguous row blocks of about equal nnz."""
     xp = be.xp
     indptr = xp.asarray(c.indptr)
     rows = xp.searchsorted(indptr[1:], xp.arange(int(c.nnz)), side="right")
@@ -154,20 +163,38 @@ def _structure(c: Any, be: Backend) -> _Structure:
     starts = np.searchsorted(host_indptr, np.arange(0, host_indptr[-1], DOT_CHUNK), "right") - 1
     bounds = np.unique(np.append(starts, c.shape[0])).tolist()
     chunks = list(itertools.pairwise(bounds))
-    return _Structure(
-        rows, xp.asarray(c.indices), xp.asarray(c.data), indptr, xp.diff(indptr), chunks
-    )
+    parts: list[tuple[int, int, _Structure]] = []
+    if blocks > 1:
+        targets = np.linspace(0, host_indptr[-1], blocks + 1)[1:-1]
+        edges = sorted({0, c.shape[0], *np.searchsorted(host_indptr, targets).tolist()})
+        parts = [(a, b, _structure(c[a:b], be)) for a, b in itertools.pairwise(edges)]
+    return _Structure(rows, xp.asarray(c.indices), xp.asarray(c.data), indptr, xp.diff(indptr),
+                      chunks, parts)  # fmt: skip
 
 
 def implicit_half_step(
-    c: Any, s: _Structure, x: Any, y: Any, lam: float, cg_steps: int, be: Backend
-) -> None:
-    """Warm-started CG for all rows of ``x`` at once (updates ``x`` in place)."""
+    c: Any, s: _Structure, x: Any, y: Any, lam: float, cg_steps: int, be: Backend,
+    pool: Executor | None = None,
+) -> None:  # fmt: skip
+    """Warm-started CG for all rows of ``x`` (updates ``x`` in place): one batched CG per row
+    block of ``s``, the blocks run in ``pool`` when given."""
     xp = be.xp
-    k = y.shape[1]
-    yty = y.T @ y + lam * xp.eye(k, dtype=y.dtype)
+    yty = y.T @ y + lam * xp.eye(y.shape[1], dtype=y.dtype)
+    blocks = s.blocks or [(0, c.shape[0], s)]
+    if pool is None or len(blocks) == 1:
+        for a, b, sb in blocks:
+            _block_cg(sb, x[a:b], y, yty, cg_steps, be)
+        return
+    futures = [pool.submit(_block_cg, sb, x[a:b], y, yty, cg_steps, be) for a, b, sb in blocks]
+    for f in futures:
+        f.result()
+
+
+def _block_cg(s: _Structure, x: Any, y: Any, yty: Any, cg_steps: int, be: Backend) -> None:
+    """The batched CG for the rows of one block; ``x`` is the block's view of the factors."""
+    xp = be.xp
     yg = y[s.cols]
-    shape = c.shape
+    shape = (x.shape[0], y.shape[0])
 
     def a_times(p: Any) -> Any:
         w = (s.conf - 1) * _row_dots(yg, p, s, xp)
@@ -190,6 +217,16 @@ def implicit_half_step(
         beta = xp.where(active, rsnew / xp.where(rsold > 0, rsold, 1), 0).astype(x.dtype)
         p = r + beta[:, None] * p
         rsold = rsnew
+
+
+@contextmanager
+def _pool(threads: int) -> Iterator[Executor | None]:
+    """A thread pool for the row blocks, or None for one thread."""
+    if threads <= 1:
+        yield None
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="als-cg") as pool:
+        yield pool
 
 
 def _row_dots(yg: Any, p: Any, s: _Structure, xp: Any) -> Any:
@@ -258,10 +295,11 @@ def fit_explicit(
 
 def fit_implicit(
     c: Any, k: int, lam: float, iterations: int, be: Backend, *, cg_steps: int = 3,
-    seed: int = 0, dtype: Any = np.float32, track_loss: bool = False,
+    seed: int = 0, dtype: Any = np.float32, track_loss: bool = False, threads: int = 0,
 ) -> Fit:  # fmt: skip
     """Implicit ALS on a CSR confidence matrix (users x items); factors start uniform in
-    [0, 0.01), drawn the way ``implicit`` draws them for the same seed."""
+    [0, 0.01), drawn the way ``implicit`` draws them for the same seed. On the CPU the rows'
+    CGs run in ``threads`` threads (0: one per CPU); on a GPU in one batched call."""
     import time
 
     xp = be.xp
@@ -270,18 +308,20 @@ def fit_implicit(
     y = xp.asarray(rng.random((c.shape[1], k), dtype=np.float32) * 0.01, dtype=dtype)
     ct = c.T.tocsr()
     ct.sort_indices()
-    s_users, s_items = _structure(c, be), _structure(ct, be)
+    n_threads = 1 if xp is not np else threads or os.cpu_count() or 1
+    s_users, s_items = _structure(c, be, n_threads), _structure(ct, be, n_threads)
     seconds: list[float] = []
     losses: list[float] = []
-    for it in range(iterations):
-        t0 = time.perf_counter()
-        implicit_half_step(c, s_users, x, y, lam, cg_steps, be)
-        implicit_half_step(ct, s_items, y, x, lam, cg_steps, be)
-        _sync(be)
-        seconds.append(time.perf_counter() - t0)
-        if track_loss:
-            losses.append(implicit_loss(c, x, y, lam, be))
-            log.debug("implicit ALS iteration %d: loss %.6g", it, losses[-1])
+    with _pool(n_threads) as pool:
+        for it in range(iterations):
+            t0 = time.perf_counter()
+            implicit_half_step(c, s_users, x, y, lam, cg_steps, be, pool)
+            implicit_half_step(ct, s_items, y, x, lam, cg_steps, be, pool)
+            _sync(be)
+            seconds.append(time.perf_counter() - t0)
+            if track_loss:
+                losses.append(implicit_loss(c, x, y, lam, be))
+                log.debug("implicit ALS iteration %d: loss %.6g", it, losses[-1])
     return Fit(x, y, seconds, losses)
 
 

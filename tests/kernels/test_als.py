@@ -60,6 +60,19 @@ def test_implicit_cg_converges_to_dense_closed_form() -> None:
         assert np.allclose(x[u], np.linalg.solve(a, y.T @ (cu * pu)), atol=1e-8)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_implicit_row_blocks_in_threads_equal_one_batch(threads: int) -> None:
+    d = als_data.synthetic(300, 120, per_user=10, seed=3)
+    c = BE.csr(d.users, d.items, 1.0 + d.ratings, (d.n_users, d.n_items), np.float32)
+    s = als._structure(c, BE, threads)
+    edges = [a for a, _, _ in s.blocks] + [s.blocks[-1][1]]
+    assert edges[0] == 0 and edges[-1] == d.n_users and edges == sorted(set(edges))
+    assert len(s.blocks) == threads
+    one = als.fit_implicit(c, 8, 0.1, 3, BE, threads=1)
+    many = als.fit_implicit(c, 8, 0.1, 3, BE, threads=threads)
+    assert np.array_equal(one.x, many.x) and np.array_equal(one.y, many.y)
+
+
 def test_implicit_loss_formula_equals_dense_loss() -> None:
     d = _tiny(6)
     c = BE.csr(d.users, d.items, 1.0 + d.ratings, (d.n_users, d.n_items), np.float64)
