@@ -191,8 +191,12 @@ def implicit_half_step(
 
 
 def _block_cg(s: _Structure, x: Any, y: Any, yty: Any, cg_steps: int, be: Backend) -> None:
-    """The batched CG for the rows of one block; ``x`` is the block's view of the factors."""
+    """The batched CG for the rows of one block; ``x`` is the block's view of the factors.
+
+    Rows without nonzeros are set to zero, the exact solution of (Y^T Y + lambda I) x = 0 (as
+    ``implicit`` does), rather than moved a few CG steps towards it."""
     xp = be.xp
+    x[s.counts == 0] = 0
     yg = y[s.cols]
     shape = (x.shape[0], y.shape[0])
 

@@ -73,6 +73,18 @@ def test_implicit_row_blocks_in_threads_equal_one_batch(threads: int) -> None:
     assert np.array_equal(one.x, many.x) and np.array_equal(one.y, many.y)
 
 
+def test_implicit_rows_without_nonzeros_are_zero_after_a_half_step() -> None:
+    d = _tiny(7, users=9, items=12)  # items 9-11 are rated only by chance, 11 by nobody
+    keep = d.items != 11
+    c = BE.csr(d.users[keep], d.items[keep], 1.0 + d.ratings[keep], (d.n_users, d.n_items),
+               np.float64)  # fmt: skip
+    ct = c.T.tocsr()
+    rng = np.random.default_rng(7)
+    x, y = rng.random((d.n_users, 3)), rng.random((d.n_items, 3))
+    als.implicit_half_step(ct, als._structure(ct, BE), y, x, 0.1, cg_steps=3, be=BE)
+    assert np.array_equal(y[11], np.zeros(3)) and np.all(y[:11] != 0)
+
+
 def test_implicit_loss_formula_equals_dense_loss() -> None:
     d = _tiny(6)
     c = BE.csr(d.users, d.items, 1.0 + d.ratings, (d.n_users, d.n_items), np.float64)
