@@ -10,15 +10,15 @@ Formats: safetensors, PyTorch state dicts (``weights_only=True``: no code runs),
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from trims.errors import CorruptModel, NotFound, ValidationError
+from trims.runtime.model_base import ModelBase
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def detect_format(path: Path) -> str:
     return fmt
 
 
-class DirectModel:
+class DirectModel(ModelBase):
     """A model file loaded in this process; methods mirror :class:`StoreModel`."""
 
     via = "direct"
@@ -118,11 +118,6 @@ class DirectModel:
     def torch(self) -> dict[str, Any]:
         return dict(self._torch_state)
 
-    def torch_module(self, build: Callable[[], Any] | Any, *, strict: bool = True) -> Any:
-        from trims.runtime.adapters import torch as torch_adapter
-
-        return torch_adapter.load_module(build, self.torch(), strict=strict)
-
     def onnx_session(
         self,
         *,
@@ -158,14 +153,3 @@ class DirectModel:
 
     def close(self) -> None:
         self.__dict__.pop("_torch_state", None)
-
-    def __enter__(self) -> DirectModel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

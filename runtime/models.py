@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from trims.errors import NotFound, Unavailable
 from trims.runtime.client import Lease, StoreClient
 from trims.runtime.direct import DirectModel
+from trims.runtime.model_base import ModelBase
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Model(Protocol):
     def close(self) -> None: ...
 
 
-class StoreModel:
+class StoreModel(ModelBase):
     """A model leased from the store; every framework view shares the mapping (no copy)."""
 
     via = "store"
@@ -69,11 +69,6 @@ class StoreModel:
         if self.lease.device is not None:
             return torch_adapter.cuda_tensors(self.lease)
         return torch_adapter.tensors(self.lease)
-
-    def torch_module(self, build: Callable[[], Any] | Any, *, strict: bool = True) -> Any:
-        from trims.runtime.adapters import torch as torch_adapter
-
-        return torch_adapter.load_module(build, self.torch(), strict=strict)
 
     def onnx_session(
         self,
@@ -105,17 +100,6 @@ class StoreModel:
         finally:
             if self._own_client is not None:
                 self._own_client.close()
-
-    def __enter__(self) -> StoreModel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def open_model(
