@@ -219,15 +219,21 @@ class _Mma:
 # ----------------------------------------------------------------------------- formulations
 
 
+def _pad_segments(mat: Any, xp: Any) -> tuple[Any, int]:
+    """``mat`` (nseg, s) in fp16 with zero rows appended up to a multiple of 16; (rows, count)."""
+    groups = _round_up(mat.shape[0], T)
+    rows = xp.zeros((groups, mat.shape[1]), xp.float16)
+    rows[: mat.shape[0]] = mat
+    return rows, groups
+
+
 def _reduce_segments(mat: Any, mma: _Mma) -> Any:
     """Sums of the rows of ``mat`` (nseg, s16) by the formulation for s16."""
     xp = mma.xp
     nseg, s = mat.shape
     method = method_for(s)
     if method == "16":
-        groups = _round_up(nseg, T)
-        tiles = xp.zeros((groups, T), xp.float16)
-        tiles[:nseg] = mat
+        tiles, groups = _pad_segments(mat, xp)
         v = mma.right(tiles.reshape(-1, T, T), "PT")
         return v[:, :, 0].reshape(-1)[:nseg]
     if method == "256":
@@ -241,9 +247,7 @@ def _reduce_segments(mat: Any, mma: _Mma) -> Any:
         assert v is not None
         return mma.right(v, "PT")[:, 0, 0]
     # 16n: 16 segments per tile row block, accumulate over 16-column slabs
-    groups = _round_up(nseg, T)
-    rows = xp.zeros((groups, s), xp.float16)
-    rows[:nseg] = mat
+    rows, groups = _pad_segments(mat, xp)
     slabs = rows.reshape(groups // T, T, s // T, T)
     v = None
     for k in range(slabs.shape[2]):
@@ -258,9 +262,7 @@ def _scan_segments(mat: Any, mma: _Mma) -> Any:
     nseg, s = mat.shape
     method = method_for(s)
     if method == "16":
-        groups = _round_up(nseg, T)
-        tiles = xp.zeros((groups, T), xp.float16)
-        tiles[:nseg] = mat
+        tiles, groups = _pad_segments(mat, xp)
         return mma.right(tiles.reshape(-1, T, T), "U").reshape(groups, T)[:nseg]
     if method == "256":
         tiles = mat.reshape(-1, T, T)
@@ -274,9 +276,7 @@ def _scan_segments(mat: Any, mma: _Mma) -> Any:
             out[:, k] = _scan256(tiles[:, k], mma, addend)
             carry = out[:, k, T - 1, T - 1]
         return out.reshape(nseg, s)
-    groups = _round_up(nseg, T)
-    rows = xp.zeros((groups, s), xp.float16)
-    rows[:nseg] = mat
+    rows, groups = _pad_segments(mat, xp)
     slabs = rows.reshape(groups // T, T, s // T, T)
     out = xp.empty(slabs.shape, mma.acc_dtype)
     carry = None
