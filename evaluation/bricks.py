@@ -174,6 +174,18 @@ class BrickStudy:
     total_bricks: int
     time_whole_s: float
     time_bricks_s: float
+    #: one run of every unique brick, summed (ms)
+    unique_bricks_ms: float
+
+    @property
+    def sharing(self) -> float:
+        """One run of every model / one run of every unique brick.
+
+        With the same runs and no setup on either side, this is the most the bricks can save
+        in benchmarking time: the ceiling the model set's repetition allows.
+        """
+        whole = sum(m.measured_ms for m in self.models)
+        return whole / self.unique_bricks_ms if self.unique_bricks_ms > 0 else math.inf
 
 
 def tolerances(
@@ -273,6 +285,7 @@ def study(
                 total_bricks=sum(len(b) for b in per_model.values()),
                 time_whole_s=time_whole,
                 time_bricks_s=empty.elapsed_s + sum(cost[g].values()),
+                unique_bricks_ms=sum(times[sig] for sig in cost[g]),
             )
         )
     return out

@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trims.evaluation.families import FAMILIES
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _ZOO = "alexnet,densenet121,inception_v1,inception_v2,resnet50,shufflenet,squeezenet,vgg19,zfnet512"
+#: model sets ``--models`` accepts by name, alone or among other models
+MODEL_SETS = {"zoo": _ZOO, "families": ",".join(FAMILIES)}
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,11 @@ class AnalyzeSettings:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("analysis", choices=("lowerbound", "bricks", "layers"))
     parser.add_argument(
-        "--models", default=_ZOO, help="comma-separated zoo names or .onnx paths (default: zoo)"
+        "--models",
+        default="zoo",
+        help="comma-separated zoo names, PyTorch family models (torch:resnet101), .onnx paths "
+        "or the sets 'zoo' (the nine onnx-wheel models, the default) and 'families' "
+        "(ResNet-18..152 and VGG-11..19 exported from PyTorch)",
     )
     parser.add_argument(
         "--framework",
@@ -94,7 +102,7 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
     )
     return AnalyzeSettings(
         analysis=args.analysis,
-        models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        models=_models(args.models),
         frameworks=tuple(f.strip() for f in args.framework.split(",") if f.strip()),
         variants=variants,
         threads=args.threads,
@@ -110,6 +118,16 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
         progress=not args.no_progress and sys.stderr.isatty(),
         mxnet_python=args.mxnet_python,
     )
+
+
+def _models(spec: str) -> tuple[str, ...]:
+    """Expand the model sets in ``--models`` and drop repeats, keeping the order."""
+    names: list[str] = []
+    for item in (m.strip() for m in spec.split(",")):
+        for name in MODEL_SETS[item].split(",") if item in MODEL_SETS else [item]:
+            if name and name not in names:
+                names.append(name)
+    return tuple(names)
 
 
 def _progress(items: Sequence[T], desc: str, enabled: bool) -> Iterable[T]:
@@ -361,7 +379,8 @@ def _bricks(settings: AnalyzeSettings) -> int:
         print(
             f"\nG={s.granularity}: {s.unique_bricks} unique of {s.total_bricks} bricks; "
             f"benchmarking {s.time_bricks_s:.1f} s with bricks vs {s.time_whole_s:.1f} s whole "
-            f"({s.time_whole_s / max(s.time_bricks_s, 1e-9):.2f}x)"
+            f"({s.time_whole_s / max(s.time_bricks_s, 1e-9):.2f}x); run-time sharing "
+            f"{s.sharing:.2f}x (the most bricks can save when both sides run alike)"
         )
         print(
             _table(
@@ -389,6 +408,8 @@ def _bricks(settings: AnalyzeSettings) -> int:
                 "unique_bricks": s.unique_bricks,
                 "total_bricks": s.total_bricks,
                 "time_bricks_s": s.time_bricks_s,
+                "unique_bricks_ms": s.unique_bricks_ms,
+                "sharing": s.sharing,
                 "models": [
                     {
                         "name": m.name,

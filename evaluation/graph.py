@@ -21,17 +21,24 @@ log = logging.getLogger(__name__)
 
 
 def load(source: str) -> tuple[str, onnx.ModelProto]:
-    """Load a zoo model by name or an ONNX file by path; return ``(name, model)``."""
+    """Load a model and return ``(name, model)``.
+
+    ``source`` is a zoo name (``resnet50``), a PyTorch family model (``torch:resnet101``,
+    exported on the fly) or the path of an ONNX file.
+    """
     import onnx
 
-    from trims.evaluation import zoo
+    from trims.evaluation import families, zoo
 
     if source in zoo.zoo_names():
         return source, zoo.materialize(source)
+    if families.is_family(source):
+        return source, families.export(source)
     path = Path(source)
     if not path.is_file():
         raise CorruptModel(
-            f"model {source!r} is neither a zoo model ({', '.join(zoo.zoo_names())}) nor a file"
+            f"model {source!r} is neither a zoo model ({', '.join(zoo.zoo_names())}), "
+            f"a PyTorch family model ({', '.join(families.FAMILIES)}) nor a file"
         )
     try:
         model = onnx.load(str(path))

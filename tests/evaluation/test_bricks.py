@@ -51,6 +51,13 @@ def test_repeated_blocks_deduplicate_across_models() -> None:
     assert sum(len(v) for v in per.values()) == 5 + 6
 
 
+def test_sharing_is_whole_run_time_over_unique_brick_run_time() -> None:
+    models = [bricks.BrickEstimate("a", 10.0, 9.0, 2), bricks.BrickEstimate("b", 30.0, 31.0, 4)]
+    study = bricks.BrickStudy(1, models, 3, 6, 1.0, 0.5, unique_bricks_ms=16.0)
+    assert study.sharing == pytest.approx(40.0 / 16.0)
+    assert bricks.BrickStudy(1, models, 0, 0, 1.0, 0.0, unique_bricks_ms=0.0).sharing == np.inf
+
+
 def test_bricks_reassemble_to_the_original_graph() -> None:
     for model, name in [(graphs.residual(blocks=3), "res"), (graphs.conv_gemm(), "cg")]:
         m = _ir(model, name)

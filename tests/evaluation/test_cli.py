@@ -58,6 +58,10 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
     assert {"models", "time_whole_s", "time_bricks_s"} <= set(body)
     assert {"name", "measured_ms", "estimated_ms", "error_pct"} <= set(body["models"][0])
     assert [g["granularity"] for g in body["by_granularity"]] == [1, 5]
+    whole_ms = sum(m["measured_ms"] for m in body["models"])
+    for g in body["by_granularity"]:
+        assert g["unique_bricks_ms"] > 0
+        assert g["sharing"] == pytest.approx(whole_ms / g["unique_bricks_ms"])
     assert (tmp_path / "img" / "evaluation_bricks_error.png").stat().st_size > 0
 
 
