@@ -7,7 +7,7 @@ import pytest
 
 from trims.errors import CorruptModel, NotFound
 from trims.evaluation import bricks, families, graph, ir
-from trims.evaluation.cli import _models
+from trims.evaluation.analyses import expand_models as _models
 
 # parameter counts torchvision publishes for its ImageNet classifiers
 TORCHVISION_PARAMS = {

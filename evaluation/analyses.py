@@ -1,0 +1,444 @@
+"""The analyses behind ``trims analyze`` and the ``evaluation`` benchmark function.
+
+Each analysis takes :class:`AnalyzeSettings` and returns a :class:`Report`: the JSON body (the
+issue's schema), the human tables, and a function that draws its plots into a folder. The
+command prints and writes them; the benchmark function returns the body.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trims.evaluation.families import FAMILIES
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_ZOO = "alexnet,densenet121,inception_v1,inception_v2,resnet50,shufflenet,squeezenet,vgg19,zfnet512"
+#: model sets ``--models`` accepts by name, alone or among other models
+MODEL_SETS = {"zoo": _ZOO, "families": ",".join(FAMILIES)}
+
+
+@dataclass(frozen=True)
+class AnalyzeSettings:
+    """Everything an analysis run needs: from argv (``trims analyze``) or a request body."""
+
+    analysis: str
+    models: tuple[str, ...]
+    frameworks: tuple[str, ...]
+    variants: tuple[str, ...]
+    threads: int
+    batch: int
+    granularities: tuple[int, ...]
+    db: str
+    force: bool
+    max_time_s: float
+    min_reps: int
+    target_rel: float
+    progress: bool
+    mxnet_python: str | None
+
+
+def _items(value: str | Sequence[Any]) -> list[str]:
+    parts = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return [p.strip() for p in parts if p.strip()]
+
+
+def make_settings(
+    analysis: str,
+    *,
+    models: str | Sequence[str] = "zoo",
+    framework: str | Sequence[str] = "onnxruntime",
+    variants: str | Sequence[str] = "opt=all,opt=extended",
+    threads: int = 1,
+    batch: int = 1,
+    granularity: str | Sequence[int] = "1,5,20",
+    db: str = "trims-results.sqlite",
+    force: bool = False,
+    max_time: float = 0.5,
+    min_reps: int | None = None,
+    target_rel: float = 0.02,
+    progress: bool = False,
+    mxnet_python: str | None = None,
+) -> AnalyzeSettings:
+    """Settings from the forms people write: comma-separated text or lists, and defaults.
+
+    ``min_reps`` defaults to 7 (3 for bricks, which then follow ``target_rel``); each
+    ONNX Runtime variant gets the thread count.
+    """
+    from trims.errors import ValidationError
+
+    try:
+        sizes = tuple(int(g) for g in _items(granularity))
+    except ValueError:
+        raise ValidationError(
+            f"granularity must be whole numbers of layers, got {granularity!r}"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise ValidationError(f"granularity must be one or more sizes >= 1, got {granularity!r}")
+    return AnalyzeSettings(
+        analysis=analysis,
+        models=expand_models(",".join(_items(models))),
+        frameworks=tuple(_items(framework)),
+        variants=tuple(f"{v},threads={threads}" for v in _items(variants)),
+        threads=threads,
+        batch=batch,
+        granularities=sizes,
+        db=db,
+        force=force,
+        max_time_s=max_time,
+        min_reps=min_reps or (3 if analysis == "bricks" else 7),
+        target_rel=target_rel,
+        progress=progress,
+        mxnet_python=mxnet_python,
+    )
+
+
+def _no_plots(folder: Path) -> list[Path]:
+    return []
+
+
+@dataclass
+class Report:
+    """What an analysis found: the JSON body, human tables, and a way to draw its plots."""
+
+    body: dict[str, Any]
+    text: str
+    #: draws the analysis' figures into an existing folder and returns their paths
+    plot: Callable[[Path], list[Path]] = _no_plots
+
+
+def expand_models(spec: str) -> tuple[str, ...]:
+    """Expand the model sets in ``--models`` and drop repeats, keeping the order."""
+    names: list[str] = []
+    for item in (m.strip() for m in spec.split(",")):
+        for name in MODEL_SETS[item].split(",") if item in MODEL_SETS else [item]:
+            if name and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def progress(items: Sequence[T], desc: str, enabled: bool) -> Iterable[T]:
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, disable=not enabled, leave=False, file=sys.stderr)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in cells
+    ]
+    return "\n".join(out)
+
+
+def _load(settings: AnalyzeSettings) -> list[Any]:
+    from trims.evaluation.ir import load_ir
+
+    return [
+        load_ir(m, settings.batch)
+        for m in progress(list(settings.models), "loading models", settings.progress)
+    ]
+
+
+def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -> Any:
+    from trims.evaluation.generator import Bencher
+    from trims.evaluation.measure import MeasureSettings
+
+    # one intra-op thread computes on the calling thread, whose CPU time ignores preemption;
+    # with more threads only the wall clock sees all the work
+    measure = MeasureSettings(
+        min_reps=settings.min_reps,
+        max_time_s=settings.max_time_s,
+        clock="thread" if settings.threads == 1 else "wall",
+    )
+    return Bencher(
+        db, framework, variant, settings.batch, measure, settings.force, settings.mxnet_python
+    )
+
+
+def _layer_json(ir: Any, layer: Any) -> dict[str, Any]:
+    return {
+        "name": layer.name,
+        "op_type": layer.op_type,
+        "input_shapes": layer.input_shapes,
+        "output_shapes": layer.output_shapes,
+        "param_bytes": layer.param_bytes,
+        "flops": layer.flops,
+        "mem_bytes": layer.mem_bytes,
+        "signature": layer.signature,
+        "preds": ir.preds[layer.index],
+    }
+
+
+def layers(settings: AnalyzeSettings) -> Report:
+    from trims.evaluation.ir import unique_layers
+
+    irs = _load(settings)
+    unique = unique_layers(irs)
+    rows = [
+        [
+            ir.name,
+            len(ir.layers),
+            len({layer.signature for layer in ir.layers}),
+            ir.flops / 1e9,
+            ir.param_bytes / 2**20,
+        ]
+        for ir in irs
+    ]
+    total = sum(len(ir.layers) for ir in irs)
+    text = [
+        table(["model", "layers", "unique", "GFLOPs(MAC)", "params MiB"], rows),
+        f"\n{len(unique)} unique layer configurations across {total} layers",
+    ]
+    return Report(
+        {
+            "batch": settings.batch,
+            "unique_layers": len(unique),
+            "models": [
+                {
+                    "name": ir.name,
+                    "flops": ir.flops,
+                    "param_bytes": ir.param_bytes,
+                    "layers": [_layer_json(ir, layer) for layer in ir.layers],
+                }
+                for ir in irs
+            ],
+        },
+        "\n".join(text),
+    )
+
+
+def lowerbound(settings: AnalyzeSettings) -> Report:
+    from trims.evaluation import analyzer, plots
+    from trims.evaluation.db import ResultsDB
+
+    irs = _load(settings)
+    db = ResultsDB(settings.db)
+    try:
+        results: list[analyzer.ModelBound] = []
+        fusions: list[analyzer.FusionResult] = []
+        for framework in settings.frameworks:
+            variants = (
+                settings.variants
+                if framework == "onnxruntime"
+                else (f"threads={settings.threads}",)
+            )
+            benchers = [_bencher(settings, db, framework, v) for v in variants]
+            best = analyzer.layer_times(
+                irs,
+                benchers,
+                lambda items, fw=framework: progress(
+                    list(items), f"{fw} layers", settings.progress
+                ),
+            )
+            measured = benchers[0]
+            chains: dict[str, float] = {}
+            if framework == "onnxruntime":
+                fusions = analyzer.fusion(irs, measured, best)
+                chains = {f.signature: f.fused_ms for f in fusions}
+            for ir in progress(irs, f"{framework} models", settings.progress):
+                results.append(analyzer.bound(ir, measured, best, chains))
+    finally:
+        db.close()
+    rows = [
+        [
+            r.name,
+            r.framework,
+            r.measured_ms,
+            r.sequential_lb_ms,
+            r.parallel_lb_ms,
+            r.fused_sequential_lb_ms,
+            r.fused_parallel_lb_ms,
+            r.measured_ms / r.sequential_lb_ms if r.sequential_lb_ms else float("inf"),
+            ", ".join(f"{t.name}({t.op_type})" for t in r.top_layers(2)),
+        ]
+        for r in results
+    ]
+    text = [
+        table(
+            [
+                "model",
+                "framework",
+                "measured ms",
+                "seq LB ms",
+                "par LB ms",
+                "fused seq",
+                "fused par",
+                "meas/seq",
+                "top layers",
+            ],
+            rows,
+        )
+    ]
+    below = [r for r in results if r.measured_ms < r.sequential_lb_ms]
+    if below:
+        text.append(
+            "\nmeasured below the sequential bound (the framework fuses layers the bound times "
+            "one by one; compare the fused bounds): "
+            + ", ".join(f"{r.name}/{r.framework}" for r in below)
+        )
+    if fusions:
+        text.append("\nfusion opportunities (Conv chains, ms):")
+        text.append(
+            table(
+                ["chain", "unfused", "fused", "saving"],
+                [[f.label, f.unfused_ms, f.fused_ms, f.saving_ms] for f in fusions[:8]],
+            )
+        )
+    primary = [r for r in results if r.framework == settings.frameworks[0]]
+    body: dict[str, Any] = {
+        "models": [
+            {
+                "name": r.name,
+                "measured_ms": r.measured_ms,
+                "sequential_lb_ms": r.sequential_lb_ms,
+                "parallel_lb_ms": r.parallel_lb_ms,
+                "fused_sequential_lb_ms": r.fused_sequential_lb_ms,
+                "fused_parallel_lb_ms": r.fused_parallel_lb_ms,
+                "measured_spread_ms": r.measured_spread_ms,
+                "gap_ms": r.gap_ms,
+                "top_layers": [
+                    {"name": t.name, "op_type": t.op_type, "ms": t.best_ms, "variant": t.variant}
+                    for t in r.top_layers(5)
+                ],
+            }
+            for r in primary
+        ],
+        "frameworks": [
+            {
+                "framework": r.framework,
+                "name": r.name,
+                "measured_ms": r.measured_ms,
+                "sequential_lb_ms": r.sequential_lb_ms,
+                "parallel_lb_ms": r.parallel_lb_ms,
+            }
+            for r in results
+        ],
+        "fusion": [
+            {"chain": f.label, "unfused_ms": f.unfused_ms, "fused_ms": f.fused_ms} for f in fusions
+        ],
+        "variants": list(settings.variants),
+        "batch": settings.batch,
+    }
+
+    def draw(folder: Path) -> list[Path]:
+        return [
+            plots.bounds_vs_measured(primary, folder / "evaluation_lowerbound.png"),
+            plots.layer_breakdown(primary, folder / "evaluation_layer_breakdown.png"),
+        ]
+
+    return Report(body, "\n".join(text), draw)
+
+
+def bricks(settings: AnalyzeSettings) -> Report:
+    from trims.evaluation import bricks, plots
+    from trims.evaluation.db import ResultsDB
+
+    irs = _load(settings)
+    db = ResultsDB(settings.db)
+    try:
+        bencher = _bencher(settings, db, settings.frameworks[0], settings.variants[0])
+        studies = bricks.study(
+            irs,
+            bencher,
+            list(settings.granularities),
+            lambda items, desc: progress(items, desc, settings.progress),
+            settings.target_rel,
+        )
+    finally:
+        db.close()
+    text: list[str] = []
+    for s in studies:
+        text.append(
+            f"\nG={s.granularity}: {s.unique_bricks} unique of {s.total_bricks} bricks; "
+            f"benchmarking {s.time_bricks_s:.1f} s with bricks vs {s.time_whole_s:.1f} s whole "
+            f"({s.time_whole_s / max(s.time_bricks_s, 1e-9):.2f}x); run-time sharing "
+            f"{s.sharing:.2f}x (the most bricks can save when both sides run alike)"
+        )
+        text.append(
+            table(
+                ["model", "bricks", "measured ms", "estimated ms", "error %"],
+                [[m.name, m.bricks, m.measured_ms, m.estimated_ms, m.error_pct] for m in s.models],
+            )
+        )
+    main = studies[0]
+    body: dict[str, Any] = {
+        "granularity": main.granularity,
+        "models": [
+            {
+                "name": m.name,
+                "measured_ms": m.measured_ms,
+                "estimated_ms": m.estimated_ms,
+                "error_pct": m.error_pct,
+            }
+            for m in main.models
+        ],
+        "time_whole_s": main.time_whole_s,
+        "time_bricks_s": main.time_bricks_s,
+        "by_granularity": [
+            {
+                "granularity": s.granularity,
+                "unique_bricks": s.unique_bricks,
+                "total_bricks": s.total_bricks,
+                "time_bricks_s": s.time_bricks_s,
+                "unique_bricks_ms": s.unique_bricks_ms,
+                "sharing": s.sharing,
+                "models": [
+                    {
+                        "name": m.name,
+                        "estimated_ms": m.estimated_ms,
+                        "error_pct": m.error_pct,
+                        "bricks": m.bricks,
+                    }
+                    for m in s.models
+                ],
+            }
+            for s in studies
+        ],
+        "variant": settings.variants[0],
+        "batch": settings.batch,
+        "min_reps": settings.min_reps,
+        "target_rel": settings.target_rel,
+    }
+
+    def draw(folder: Path) -> list[Path]:
+        return [plots.estimation_error(studies, folder / "evaluation_bricks_error.png")]
+
+    return Report(body, "\n".join(text), draw)
+
+
+#: analysis name -> the function that runs it
+ANALYSES: dict[str, Callable[[AnalyzeSettings], Report]] = {
+    "layers": layers,
+    "lowerbound": lowerbound,
+    "bricks": bricks,
+}
+
+
+def analyze(settings: AnalyzeSettings) -> Report:
+    """Run the analysis ``settings.analysis`` names."""
+    from trims.errors import NotFound
+
+    try:
+        fn = ANALYSES[settings.analysis]
+    except KeyError:
+        raise NotFound(
+            f"no analysis {settings.analysis!r}; choose one of {', '.join(ANALYSES)}"
+        ) from None
+    return fn(settings)

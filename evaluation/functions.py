@@ -1,0 +1,97 @@
+"""The analyses as a benchmark function on the trims runtime (the public handler contract).
+
+Deploy it with a spec like::
+
+    name: analyze
+    handler: trims.evaluation.functions:handler
+    config: {db: /var/lib/trims/evaluation.sqlite}
+    scaling: {max_instances: 1, concurrency: 1, request_timeout_s: 600}
+
+and invoke it with a JSON body naming the analysis and, optionally, its settings::
+
+    trims functions invoke analyze --async \\
+        --data '{"analysis": "bricks", "models": "families", "granularity": [1, 5]}'
+
+The answer is the analysis' JSON, the same as ``trims analyze ANALYSIS --json`` writes, with
+the human tables under ``"text"``. Settings a request may give: ``models`` (zoo or PyTorch
+family names and the sets ``zoo``/``families``, as text or a list), ``framework``,
+``variants``, ``threads``, ``batch``, ``granularity``, ``force``, ``max_time``, ``min_reps``,
+``target_rel``. Where results are kept (``db``) and the MXNet interpreter (``mxnet_python``)
+are the deployment's: they come from the function's config, never from a request, so a caller
+cannot make the function read or write files of its choosing; for the same reason a request
+names models, not paths. Results accumulate in the database across requests, so an analysis
+asked twice is measured once (``force`` re-measures).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from trims.errors import ValidationError
+from trims.evaluation import families, zoo
+from trims.evaluation.analyses import ANALYSES, MODEL_SETS, analyze, expand_models, make_settings
+
+if TYPE_CHECKING:
+    from trims.runtime.functions import Context, Request
+
+#: request field -> the JSON types it may have
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "models": (str, list),
+    "framework": (str, list),
+    "variants": (str, list),
+    "threads": (int,),
+    "batch": (int,),
+    "granularity": (str, list),
+    "force": (bool,),
+    "max_time": (int, float),
+    "min_reps": (int,),
+    "target_rel": (int, float),
+}
+
+
+def _checked(body: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(body) - set(_FIELDS) - {"analysis"})
+    if unknown:
+        raise ValidationError(f"unknown settings {unknown}; a request may give {sorted(_FIELDS)}")
+    out: dict[str, Any] = {}
+    for key, types in _FIELDS.items():
+        if key not in body:
+            continue
+        value = body[key]
+        # bool is an int in Python, but "threads": true is a mistake
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise ValidationError(f"setting {key!r} must be {names}, got {value!r}")
+        out[key] = value
+    if "models" in out:
+        listed = out["models"] if isinstance(out["models"], list) else [out["models"]]
+        names = expand_models(",".join(str(m) for m in listed))
+        allowed = set(zoo.zoo_names()) | set(families.FAMILIES) | set(MODEL_SETS)
+        refused = [n for n in names if n not in allowed]
+        if refused:
+            raise ValidationError(
+                f"models {refused} are not zoo or PyTorch family models; a request names "
+                f"models ({', '.join(sorted(MODEL_SETS))}, zoo names, torch:<arch>), not paths"
+            )
+    return out
+
+
+def handler(request: Request, ctx: Context) -> dict[str, Any]:
+    from trims.config import data_dir
+
+    body = request.json()
+    if not isinstance(body, dict) or body.get("analysis") not in ANALYSES:
+        raise ValidationError(
+            'send a JSON object {"analysis": "layers|lowerbound|bricks", ...settings}'
+        )
+    fields = _checked(body)
+    db = str(ctx.config.get("db") or data_dir(os.environ) / "evaluation.sqlite")
+    if "://" not in db:
+        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    settings = make_settings(
+        body["analysis"], db=db, mxnet_python=ctx.config.get("mxnet_python"), **fields
+    )
+    ctx.logger.info("analysis %s of %d models requested", settings.analysis, len(settings.models))
+    report = analyze(settings)
+    return {**report.body, "text": report.text}
