@@ -60,6 +60,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--run-as", help="local: user (name or uid) the workers run as when started as root"
     )
     parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="docker: this gateway's name on the host; a gateway started again under the same "
+        "name removes the containers its crashed predecessor left (default $TRIMS_GATEWAY_NAME)",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -78,6 +84,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         max_instances_total=args.max_instances_total,
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
         access_log=args.access_log,
+        name=args.name or env.get("TRIMS_GATEWAY_NAME") or None,
     )
 
 
@@ -98,7 +105,7 @@ def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]
                 **local_options,
             )
         if name == "docker":
-            return create_executor(name, store_socket=settings.store_socket)
+            return create_executor(name, store_socket=settings.store_socket, owner=settings.name)
         return create_executor(name)
 
     return make

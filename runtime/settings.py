@@ -6,11 +6,23 @@ build a :class:`GatewaySettings` and hand it to :func:`trims.runtime.gateway.cre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trims.errors import ValidationError
+
+#: A gateway name: usable as a Docker label value and a Kubernetes label value.
+GATEWAY_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+
+
+def check_gateway_name(name: str, what: str = "gateway name") -> None:
+    if not GATEWAY_NAME.fullmatch(name):
+        raise ValidationError(
+            f"{what} {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting and "
+            "ending with a letter or digit"
+        )
 
 
 @dataclass(frozen=True)
@@ -72,12 +84,18 @@ class GatewaySettings:
     warm_executor: bool = True
     #: Log one line per request (aiohttp access log). Off by default: it costs throughput.
     access_log: bool = False
+    #: This gateway's name on its Docker host: its containers carry it, and a gateway started
+    #: again under the same name removes the containers a crashed predecessor left. Gateways
+    #: sharing a Docker Engine need different names; None sweeps nothing.
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValidationError(f"port {self.port} is out of range; use 0..65535")
         if self.drain_timeout_s < 0:
             raise ValidationError("drain timeout must not be negative")
+        if self.name is not None:
+            check_gateway_name(self.name)
         if self.max_instances_total is not None and self.max_instances_total < 1:
             raise ValidationError("max instances total must be at least 1 (or unset)")
         if self.instance_limit < 1:

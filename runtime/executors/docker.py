@@ -16,7 +16,8 @@ read-only root filesystem (tmpfs /tmp), CPU and memory limits from the spec, the
 network mode (``none`` by default) and GPUs through device requests. Labels
 (:data:`LABEL_MANAGED`, :data:`LABEL_EXECUTOR`, ...) find its containers again; ``close()``
 removes every container this executor made and :func:`remove_orphans` those of executors that
-died without closing. Docker SDK calls block, so they run in threads; each instance has one
+died without closing; an executor with an ``owner`` does that for its owner's containers
+before its first start. Docker SDK calls block, so they run in threads; each instance has one
 thread waiting for its container to end (``exit_reason`` comes from the container state:
 OOMKilled, exit code, signal).
 """
@@ -43,6 +44,7 @@ from trims.config import default_socket, format_size
 from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ LABEL_MANAGED = "org.trims.managed"
 LABEL_EXECUTOR = "org.trims.executor"
 LABEL_FUNCTION = "org.trims.function"
 LABEL_INSTANCE = "org.trims.instance"
+LABEL_OWNER = "org.trims.owner"
 
 #: Paths inside the container.
 CONTAINER_STORE_SOCKET = "/run/trims/store.sock"
@@ -103,12 +106,19 @@ class DockerExecutorSettings:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Extra labels for every container.
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Name of the gateway that owns the containers (label :data:`LABEL_OWNER`). When set, the
+    #: executor's first start (or ``prepare()``) removes the containers of this owner that an
+    #: executor which died without closing left behind: a restarted gateway of the same name
+    #: cleans up after its crashed predecessor. Each gateway on a Docker host needs its own.
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         if self.user is not None and not re.fullmatch(r"\d+(:\d+)?", self.user):
             raise ValidationError(f"docker executor: user {self.user!r} must be 'uid' or 'uid:gid'")
         if self.user is not None and self.user.split(":")[0] == "0":
             raise ValidationError("docker executor: user must not be root (uid 0)")
+        if self.owner is not None:
+            check_gateway_name(self.owner, "docker executor: owner")
 
 
 def _translate(action: str, error: Exception) -> TrimsError:
@@ -274,6 +284,7 @@ class DockerExecutor:
         self._state_dir = settings.state_dir
         self._instances: dict[str, DockerInstance] = {}
         self._closed = False
+        self._swept = False
         self._user = settings.user or _default_user()
         store = settings.store_socket or default_socket(dict(os.environ))
         self._store_socket: Path | None = store
@@ -306,13 +317,27 @@ class DockerExecutor:
         return self._state_dir
 
     def labels(self, spec: FunctionSpec, instance_id: str) -> dict[str, str]:
+        owner = {LABEL_OWNER: self.settings.owner} if self.settings.owner else {}
         return {
             **self.settings.labels,
+            **owner,
             LABEL_MANAGED: "true",
             LABEL_EXECUTOR: self.id,
             LABEL_FUNCTION: spec.name,
             LABEL_INSTANCE: instance_id,
         }
+
+    async def prepare(self) -> list[str]:
+        """Once: remove this owner's containers left by dead executors; their names.
+
+        Without an ``owner`` there is no telling another gateway's containers from orphans,
+        so nothing is removed.
+        """
+        if self._swept or self.settings.owner is None:
+            return []
+        self._swept = True
+        owner = {**self.settings.labels, LABEL_OWNER: self.settings.owner}
+        return await asyncio.to_thread(remove_orphans, self.client, [self.id], owner)
 
     def _socket_dir(self, instance_id: str) -> Path:
         """A directory only this instance's container writes its socket into."""
@@ -401,6 +426,7 @@ class DockerExecutor:
             raise ValidationError("docker executor is closed; create a new one")
         if instance_id in self._instances:
             raise ValidationError(f"instance id {instance_id!r} is already in use")
+        await self.prepare()
         client = self.client
         socket_dir = self._socket_dir(instance_id)
         kwargs = self.container_spec(spec, instance_id, socket_dir)

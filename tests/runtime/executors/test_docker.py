@@ -22,6 +22,7 @@ from trims.runtime.executors.docker import (
     LABEL_EXECUTOR,
     LABEL_FUNCTION,
     LABEL_INSTANCE,
+    LABEL_OWNER,
     DockerExecutor,
     DockerInstance,
     describe_container_exit,
@@ -254,6 +255,35 @@ async def test_orphans_of_a_dead_executor_are_removed(
     assert kept.alive()
     with pytest.raises(UpstreamError, match="orphan-1 of orphan died"):
         await instance.invoke(b"", {}, timeout=30, trace={})
+
+
+async def test_a_restarted_owner_removes_what_its_crashed_predecessor_left(
+    docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
+) -> None:
+    owner = f"gw-{uuid.uuid4().hex[:8]}"
+    crashed = docker_executor(owner=owner)
+    left = await crashed.start(make_function(ECHO, name="left"), "left-1")
+    neighbour = docker_executor(owner=f"{owner}-next-door")
+    kept = await neighbour.start(make_function(ECHO, name="kept"), "kept-1")
+    labels = docker_client.containers.get(left.container_id).labels
+    assert labels[LABEL_OWNER] == owner
+
+    restarted = docker_executor(owner=owner)
+    # the first start sweeps: the predecessor's container goes, the neighbour's stays
+    mine = await restarted.start(make_function(ECHO, name="mine"), "mine-1")
+    assert not [c for c in docker_client.containers.list(all=True) if c.id == left.container_id]
+    assert kept.alive() and mine.alive()
+    assert await restarted.prepare() == []  # once per executor
+    await mine.wait_ready(READY)
+    assert (await _call(mine, b"ok"))["body"] == "ok"
+    # without an owner, no container can be told from another gateway's: none is removed
+    assert await docker_executor().prepare() == []
+    assert kept.alive()
+
+
+def test_owner_must_be_a_label_value() -> None:
+    with pytest.raises(ValidationError, match="owner 'a b'"):
+        DockerExecutor(owner="a b")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 ``start_gateway(...)`` runs one in the test's event loop (its settings as keywords) and stops it
 at teardown; ``GatewayProcess`` runs ``python -m trims gateway`` as a subprocess for the tests
 that signal or kill it. Workers fork from a zygote that preloads only numpy, to start fast.
+The docker fixtures (tests/fixtures/docker.py) serve the gateway-with-docker tests.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.fixtures.docker import docker_client, runtime_image
 from trims.runtime.executors import create_executor
 from trims.runtime.gateway.app import create_app
 from trims.runtime.gateway.context import GATEWAY
 from trims.runtime.gateway.service import Gateway
 from trims.runtime.settings import GatewaySettings, Token
+
+__all__ = ["docker_client", "runtime_image"]
 
 FUNCS = Path(__file__).parent / "funcs"
 ADMIN = Token("admin-secret-1", frozenset({"admin"}), "admin")

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 import threading
+import uuid
+
+import pytest
 
 from tests.runtime.gateway.conftest import echo_spec, pid_alive, wait_until
 from trims.runtime.functions_cli import GatewayClient
@@ -123,3 +126,32 @@ def test_spans_are_exported_over_otlp_when_configured(gateway_process):
     exported = b"".join(received)
     for name in (b"gateway request", b"queue", b"instance start", b"invoke"):
         assert name in exported
+
+
+@pytest.mark.docker
+def test_kill_9_then_restart_under_the_same_name_removes_the_orphaned_containers(
+    gateway_process, docker_client, runtime_image, tmp_path
+):
+    if runtime_image != "trims-runtime:latest":
+        pytest.skip("the gateway process starts the default image trims-runtime:latest")
+    name = f"gw-{uuid.uuid4().hex[:8]}"
+    owned = {"label": f"org.trims.owner={name}"}
+    code = tmp_path / "fn"
+    code.mkdir()
+    (code / "handler.py").write_text("def handler(request, ctx):\n    return request.text()\n")
+    spec = {"name": "echo", "handler": "handler:handler", "code_dir": str(code)}
+
+    first = gateway_process("--executor", "docker", "--name", name)
+    client = GatewayClient(first.url, None, timeout_s=120)
+    client.json("PUT", "/v1/functions/echo", spec)
+    status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"hi")
+    assert (status, body) == (200, b"hi")
+    assert len(docker_client.containers.list(filters=owned)) == 1
+    first.kill()  # SIGKILL: the executor never closes, its container keeps running
+    assert len(docker_client.containers.list(filters=owned)) == 1
+
+    neighbour = gateway_process("--executor", "docker", "--name", f"{name}-other")
+    second = gateway_process("--executor", "docker", "--name", name)
+    assert wait_until(lambda: not docker_client.containers.list(all=True, filters=owned), 30)
+    assert neighbour.terminate() == 0 and second.terminate() == 0
+    assert "orphaned trims containers" in second.text()
