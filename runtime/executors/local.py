@@ -176,6 +176,11 @@ class LocalExecutor:
             except TypeError as e:
                 raise ValidationError(f"local executor: {e}") from e
         self.settings = settings
+        if settings.run_as is None and os.getuid() == 0:
+            log.warning(
+                "the local executor runs function code as root: it can reach the store's admin "
+                "socket and all else root can; confine it with --run-as USER (e.g. nobody)"
+            )
         self._own_state_dir = settings.state_dir is None
         self._state_dir: Path | None = settings.state_dir
         self._zygote: Zygote | None = None

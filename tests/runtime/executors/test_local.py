@@ -589,3 +589,16 @@ async def test_a_zygote_that_cannot_start_falls_back_to_spawning(
     instance = await executor.start(make_function(ECHO), "fallback")
     await instance.wait_ready(60)
     assert await _invoke(instance, b"still works") == b"still works"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root gateway can run function code as root")
+def test_running_function_code_as_root_is_warned_about(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    with caplog.at_level("WARNING", logger="trims.runtime.executors.local"):
+        LocalExecutor(state_dir=tmp_path / "a")
+    assert "runs function code as root" in caplog.text and "--run-as" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trims.runtime.executors.local"):
+        LocalExecutor(state_dir=tmp_path / "b", run_as="nobody")
+    assert "as root" not in caplog.text
