@@ -7,6 +7,7 @@ the only thing an ingest leaves behind is a committed, verified layout.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +44,36 @@ def _local_source(source: str, expected_sha256: str | None, max_bytes: int) -> P
         if actual != expected_sha256:
             raise CorruptModel(f"model source {source} has sha256 {actual}, not {expected_sha256}")
     return path
+
+
+def _fetch_external_data(
+    source: str, model: Path, s3_endpoint: str | None, progress: Progress | None, max_bytes: int
+) -> None:
+    """Fetch the external data files a remote ONNX model names from beside it.
+
+    They land next to ``model`` under the names the model uses, so conversion reads them as
+    it reads a local model's. ``max_bytes`` bounds the model and its data together.
+    """
+    from trims.daemon.formats.onnx_fmt import external_locations
+
+    left = max_bytes - model.stat().st_size
+    for location in external_locations(model):
+        dest = model.parent / location
+        if dest == model:
+            raise ValidationError(
+                f"{cloud.redact(source)} names itself ({location!r}) as its external data"
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        url = cloud.sibling(source, location)
+        cloud.fetch(
+            url,
+            dest,
+            s3_endpoint=s3_endpoint,
+            expected_sha256=None,
+            progress=progress,
+            max_bytes=left,
+        )
+        left -= dest.stat().st_size
 
 
 def _check_source(source: object) -> str:
@@ -84,22 +115,26 @@ def ingest(
         raise ValidationError(f"unknown model format {fmt!r}; use one of {', '.join(FORMATS)}")
     if expected_sha256 is not None:
         expected_sha256 = validate_digest(expected_sha256.lower())
-    fetched: Path | None = None
+    work: Path | None = None
     layout = disk.new_temp()
     try:
         if cloud.is_remote(source):
-            fetched = disk.new_temp()
+            work = disk.new_temp()
+            work.mkdir()
+            filename = Path(cloud.split(source).path).name or "model"
+            local = work / filename
             cloud.fetch(
                 source,
-                fetched,
+                local,
                 s3_endpoint=s3_endpoint,
                 expected_sha256=expected_sha256,
                 progress=progress,
                 max_bytes=max_bytes,
             )
-            local = fetched
             if fmt is None:
-                fmt = detect_format(fetched, filename=Path(cloud.split(source).path).name)
+                fmt = detect_format(local, filename=filename)
+            if fmt == "onnx":
+                _fetch_external_data(source, local, s3_endpoint, progress, max_bytes)
         else:
             local = _local_source(source, expected_sha256, max_bytes)
         manifest: Manifest = convert(
@@ -110,8 +145,8 @@ def ingest(
         disk.commit(layout, manifest, progress)
     finally:
         layout.unlink(missing_ok=True)
-        if fetched is not None:
-            fetched.unlink(missing_ok=True)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
     log.info(
         "model %s:%s ingested from %s as layout %s",
         name,

@@ -204,6 +204,40 @@ def _nested_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _nested_tensors(sub)
 
 
+def external_locations(source: Path) -> list[str]:
+    """The external data files the model at ``source`` names, each once, in order.
+
+    Each is a relative path inside the model's folder (``weights.bin``, ``data/part1``);
+    anything else (absolute, ``..``, backslashes) is refused here, before anything is fetched.
+    """
+    import posixpath
+
+    import onnx
+
+    model = _load(source)
+    out: list[str] = []
+    for tensor in [*model.graph.initializer, *_nested_tensors(model.graph)]:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if (
+            not location
+            or "\\" in location
+            or "\0" in location
+            or location == "."
+            or location.startswith("/")
+            or posixpath.normpath(location) != location
+            or location.split("/")[0] == ".."
+        ):
+            raise ValidationError(
+                f"{source}: initializer {tensor.name!r} names external data {location!r}; it "
+                "must be a relative path inside the model's folder"
+            )
+        if location not in out:
+            out.append(location)
+    return out
+
+
 def _embed(source: Path, tensor: onnx.TensorProto, files: _ExternalFiles) -> None:
     """Move a nested tensor's external data into the graph itself."""
     import onnx

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
 
 from trims.config import format_size
 from trims.errors import (
@@ -70,6 +70,20 @@ def split(url: str) -> SplitResult:
     except ValueError as e:
         raise ValidationError(f"malformed URL {url!r}: {e}") from e
     return parts
+
+
+def sibling(url: str, name: str) -> str:
+    """The URL of ``name`` (a relative path) in the folder of ``url``.
+
+    Credentials and the query string carry over: a token valid for the folder (an Azure SAS,
+    an access token) reaches the sibling too; a signature for one object would not, and the
+    server then answers 403, which names the file.
+    """
+    import posixpath
+
+    parts = split(url)
+    path = posixpath.join(posixpath.dirname(parts.path) or "/", quote(name))
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 def redact(url: str) -> str:

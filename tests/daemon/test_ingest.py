@@ -11,16 +11,23 @@ import numpy as np
 import pytest
 
 from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
-from tests.daemon.test_cloud import serve_files
+from tests.daemon.test_cloud import s3, s3_server, serve_files
 from trims.daemon.ingest import ingest
 from trims.daemon.tiers.disk import DiskTier
-from trims.errors import CorruptModel, PayloadTooLarge, ResourceExhausted, ValidationError
+from trims.errors import (
+    CorruptModel,
+    NotFound,
+    PayloadTooLarge,
+    ResourceExhausted,
+    ValidationError,
+)
 from trims.layout import Manifest
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
 LIMIT = 1 << 30
+__all__ = ["s3", "s3_server"]  # the S3 fixtures, used by name
 
 
 @pytest.fixture
@@ -180,3 +187,89 @@ def test_http_source_cut_mid_body_leaves_nothing(disk: DiskTier, model_file: Pat
     ):
         _ingest(f"{base}/m.safetensors", disk)
     assert _nothing_left(disk)
+
+
+def _onnx_with_external_data(folder: Path, location: str) -> tuple[bytes, dict[str, bytes]]:
+    """An ONNX model whose two weights live in ``location`` beside it: (graph, files)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
+    b = numpy_helper.from_array(np.full(64, 0.5, dtype=np.float32), "b")
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [w, b]))
+    (folder / location).parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(
+        model, str(folder / "m.onnx"), save_as_external_data=True, location=location,
+        size_threshold=0,
+    )  # fmt: skip
+    return (folder / "m.onnx").read_bytes(), {location: (folder / location).read_bytes()}
+
+
+def test_remote_onnx_brings_its_external_data_from_beside_it(
+    disk: DiskTier, tmp_path: Path
+) -> None:
+    graph, data = _onnx_with_external_data(tmp_path, "data/weights.bin")
+    served = {"/zoo/m.onnx": graph, "/zoo/data/weights.bin": data["data/weights.bin"]}
+    with serve_files(served) as base:
+        manifest = _ingest(f"{base}/zoo/m.onnx?token=t", disk)
+    local = _ingest(str(tmp_path / "m.onnx"), disk, version="2")
+    raw = read_raw(disk.path(manifest.digest), manifest)
+    assert raw["w"][2] == np.arange(4096, dtype=np.float32).tobytes()
+    assert raw["b"][2] == np.full(64, 0.5, dtype=np.float32).tobytes()
+    assert manifest.digest == local.digest  # the same layout as the model read from disk
+    assert not list((disk.root / "tmp").iterdir())
+
+
+def test_remote_onnx_with_missing_external_data_names_the_file_and_leaves_nothing(
+    disk: DiskTier, tmp_path: Path
+) -> None:
+    graph, _ = _onnx_with_external_data(tmp_path, "weights.bin")
+    with (
+        serve_files({"/zoo/m.onnx": graph}) as base,
+        pytest.raises(NotFound, match=r"weights\.bin"),
+    ):
+        _ingest(f"{base}/zoo/m.onnx", disk)
+    assert _nothing_left(disk)
+
+
+def test_remote_onnx_external_data_outside_its_folder_is_refused_before_fetching(
+    disk: DiskTier, tmp_path: Path
+) -> None:
+    onnx = pytest.importorskip("onnx")
+    graph, data = _onnx_with_external_data(tmp_path, "weights.bin")
+    model = onnx.load_from_string(graph)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../secrets/weights.bin"
+    served = {"/zoo/m.onnx": model.SerializeToString(), "/secrets/weights.bin": data["weights.bin"]}
+    with (
+        serve_files(served) as base,
+        pytest.raises(ValidationError, match=r"'\.\./secrets/weights\.bin'.*relative path"),
+    ):
+        _ingest(f"{base}/zoo/m.onnx", disk)
+    assert _nothing_left(disk)
+
+
+def test_remote_onnx_and_its_data_share_the_size_limit(disk: DiskTier, tmp_path: Path) -> None:
+    graph, data = _onnx_with_external_data(tmp_path, "weights.bin")
+    served = {"/m.onnx": graph, "/weights.bin": data["weights.bin"]}
+    with serve_files(served) as base, pytest.raises(PayloadTooLarge):
+        _ingest(f"{base}/m.onnx", disk, max_bytes=len(graph) + 1000)
+    assert _nothing_left(disk)
+
+
+def test_s3_onnx_brings_its_external_data_from_beside_it(
+    disk: DiskTier, tmp_path: Path, s3: tuple[str, Any]
+) -> None:
+    endpoint, client = s3
+    graph, data = _onnx_with_external_data(tmp_path, "weights.bin")
+    client.put_object(Bucket="models", Key="zoo/m.onnx", Body=graph)
+    client.put_object(Bucket="models", Key="zoo/weights.bin", Body=data["weights.bin"])
+    manifest = _ingest("s3://models/zoo/m.onnx", disk, s3_endpoint=endpoint)
+    raw = read_raw(disk.path(manifest.digest), manifest)
+    assert raw["w"][2] == np.arange(4096, dtype=np.float32).tobytes()
+    assert not list((disk.root / "tmp").iterdir())
