@@ -82,11 +82,30 @@ def make_settings(
         ) from None
     if not sizes or min(sizes) < 1:
         raise ValidationError(f"granularity must be one or more sizes >= 1, got {granularity!r}")
+    for what, value, low, high in (
+        ("threads", threads, 1, 256),
+        ("batch", batch, 1, 1024),
+        ("min_reps", 1 if min_reps is None else min_reps, 1, 100_000),
+        ("max_time", max_time, 1e-3, 3600.0),
+        ("target_rel", target_rel, 1e-4, 0.5),
+    ):
+        if not low <= value <= high:
+            raise ValidationError(f"{what} must be between {low} and {high}, got {value!r}")
+    from trims.evaluation.generator import FRAMEWORKS
+    from trims.evaluation.ort_backend import OrtVariant
+
+    frameworks = tuple(_items(framework))
+    unknown = [f for f in frameworks if f not in FRAMEWORKS] or ([] if frameworks else [""])
+    if unknown:
+        raise ValidationError(f"unknown framework {unknown[0]!r}; choose from {FRAMEWORKS}")
+    keys = tuple(f"{v},threads={threads}" for v in _items(variants))
+    for key in keys:
+        OrtVariant.parse(key)  # refuses an unknown optimization level now, not after loading
     return AnalyzeSettings(
         analysis=analysis,
         models=expand_models(",".join(_items(models))),
-        frameworks=tuple(_items(framework)),
-        variants=tuple(f"{v},threads={threads}" for v in _items(variants)),
+        frameworks=frameworks,
+        variants=keys,
         threads=threads,
         batch=batch,
         granularities=sizes,

@@ -61,6 +61,9 @@ def test_handler_layers_of_a_family_model(tmp_path: Path) -> None:
         ({"analysis": "bricks", "db": "/etc/x.sqlite"}, r"unknown settings \['db'\]"),
         ({"analysis": "bricks", "threads": True}, "'threads' must be int"),
         ({"analysis": "bricks", "granularity": "1,x"}, "whole numbers"),
+        ({"analysis": "bricks", "threads": -1}, "threads must be between 1 and 256"),
+        ({"analysis": "bricks", "max_time": 1e9}, "max_time must be between"),
+        ({"analysis": "lowerbound", "variants": "opt=fast"}, "unknown ORT opt level 'fast'"),
         ({"analysis": "layers", "models": ["/etc/passwd"]}, "not paths"),
     ],
 )
