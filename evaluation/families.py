@@ -73,8 +73,9 @@ def build(source: str, device: str = "cpu") -> torch.nn.Module:
     import torch
 
     arch = _arch(source)
-    torch.manual_seed(0)
-    with torch.device(device):
+    # seeded without touching the caller's random state
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
         module = _resnet(*_RESNETS[arch]) if arch in _RESNETS else _vgg(_VGGS[arch])
     return module.eval()
 

@@ -337,7 +337,14 @@ class DockerExecutor:
             return []
         self._swept = True
         owner = {**self.settings.labels, LABEL_OWNER: self.settings.owner}
-        return await asyncio.to_thread(remove_orphans, self.client, [self.id], owner)
+        try:
+            return await asyncio.to_thread(remove_orphans, self.client, [self.id], owner)
+        except TrimsError as e:
+            # an engine that is down now must not keep a gateway from starting: try again later
+            self._swept = False
+            log.warning("orphaned containers of %s not swept: %s; trying again at the next "
+                        "start", self.settings.owner, e)  # fmt: skip
+            return []
 
     def _socket_dir(self, instance_id: str) -> Path:
         """A directory only this instance's container writes its socket into."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trims.errors import NotFound, UpstreamError, ValidationError
+from trims.errors import NotFound, Unavailable, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.docker import (
     CONTAINER_STORE_SOCKET,
@@ -346,3 +346,15 @@ async def test_gateway_invokes_a_docker_function_over_http(
         assert 'trims_cold_starts_total{function="ones"} 1.0' in metrics
     finally:
         await runner.cleanup()
+
+
+async def test_an_unreachable_engine_does_not_stop_the_sweep_from_being_tried_again(
+    tmp_path: Path,
+) -> None:
+    executor = DockerExecutor(
+        owner="gw-down", docker_url=f"unix://{tmp_path}/no-engine.sock", state_dir=tmp_path
+    )
+    assert await executor.prepare() == []  # logged, not raised: the gateway still starts
+    with pytest.raises(Unavailable, match="cannot reach the Docker Engine"):
+        await executor.start(FunctionSpec(name="f", handler="m:f"), "f-1")
+    await executor.close()
