@@ -121,7 +121,9 @@ def ingest(
         if cloud.is_remote(source):
             work = disk.new_temp()
             work.mkdir()
-            filename = Path(cloud.split(source).path).name or "model"
+            filename = Path(cloud.split(source).path).name
+            if filename in ("", ".", ".."):
+                filename = "model"
             local = work / filename
             cloud.fetch(
                 source,
