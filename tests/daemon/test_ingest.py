@@ -273,3 +273,13 @@ def test_s3_onnx_brings_its_external_data_from_beside_it(
     raw = read_raw(disk.path(manifest.digest), manifest)
     assert raw["w"][2] == np.arange(4096, dtype=np.float32).tobytes()
     assert not list((disk.root / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("path", ["/zoo/", "/zoo/..", "/zoo/."])
+def test_url_without_a_file_name_is_fetched_inside_the_ingest_folder(
+    disk: DiskTier, model_file: Path, path: str
+) -> None:
+    with serve_files({path: model_file.read_bytes()}) as base:
+        manifest = _ingest(base + path, disk, fmt="safetensors")
+    assert disk.contains(manifest.digest)
+    assert not list((disk.root / "tmp").iterdir())
