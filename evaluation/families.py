@@ -88,7 +88,7 @@ def export(source: str, batch: int = 1) -> onnx.ModelProto:
     module = build(source)
     buffer = io.BytesIO()
     # the TorchScript exporter is deprecated since PyTorch 2.9, but its successor needs
-    # onnxscript and keeps batch norm unfolded; the warning says nothing the caller can act on
+    # onnxscript, which is not a dependency; the warning says nothing the caller can act on
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
