@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,8 @@ class AnalyzeSettings:
     target_rel: float
     progress: bool
     mxnet_python: str | None
+    #: models given as ONNX protos rather than by name (the function's store models), by name
+    provided: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _items(value: str | Sequence[Any]) -> list[str]:
@@ -66,6 +68,7 @@ def make_settings(
     target_rel: float = 0.02,
     progress: bool = False,
     mxnet_python: str | None = None,
+    provided: Mapping[str, Any] | None = None,
 ) -> AnalyzeSettings:
     """Settings from the forms people write: comma-separated text or lists, and defaults.
 
@@ -116,6 +119,7 @@ def make_settings(
         target_rel=target_rel,
         progress=progress,
         mxnet_python=mxnet_python,
+        provided=dict(provided or {}),
     )
 
 
@@ -167,12 +171,18 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _load(settings: AnalyzeSettings) -> list[Any]:
-    from trims.evaluation.ir import load_ir
+    from trims.evaluation import graph, zoo
+    from trims.evaluation.ir import build, load_ir
 
-    return [
-        load_ir(m, settings.batch)
-        for m in progress(list(settings.models), "loading models", settings.progress)
-    ]
+    out = []
+    for name in progress(list(settings.models), "loading models", settings.progress):
+        given = settings.provided.get(name)
+        if given is None:
+            out.append(load_ir(name, settings.batch))
+            continue
+        model = graph.prepare(zoo.materialize_constants(given, name), name, settings.batch)
+        out.append(build(model, name, settings.batch))
+    return out
 
 
 def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -> Any:

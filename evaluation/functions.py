@@ -14,18 +14,22 @@ and invoke it with a JSON body naming the analysis and, optionally, its settings
 
 The answer is the analysis' JSON, the same as ``trims analyze ANALYSIS --json`` writes, with
 the human tables under ``"text"``. Settings a request may give: ``models`` (zoo or PyTorch
-family names and the sets ``zoo``/``families``, as text or a list), ``framework``,
-``variants``, ``threads``, ``batch``, ``granularity``, ``force``, ``max_time``, ``min_reps``,
-``target_rel``. Where results are kept (``db``) and the MXNet interpreter (``mxnet_python``)
-are the deployment's: they come from the function's config, never from a request, so a caller
-cannot make the function read or write files of its choosing; for the same reason a request
-names models, not paths. Results accumulate in the database across requests, so an analysis
-asked twice is measured once (``force`` re-measures).
+family names, the sets ``zoo``/``families``, and ``store:<key>`` for a model of the function's
+own spec, as text or a list), ``framework``, ``variants``, ``threads``, ``batch``,
+``granularity``, ``force``, ``max_time``, ``min_reps``, ``target_rel``.
+
+Where results are kept (``db``) and the MXNet interpreter (``mxnet_python``) are the
+deployment's: they come from the function's config, never from a request, so a caller cannot
+make the function read or write files of its choosing. For the same reason a request names
+models, not paths: a user's own ONNX model reaches the analyses through the spec's ``models``
+(shared by the store like any function's model) and ``store:<key>``. Results accumulate in the
+database across requests, so an analysis asked twice is measured once (``force`` re-measures).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from trims.errors import ValidationError
@@ -33,6 +37,8 @@ from trims.evaluation import families, zoo
 from trims.evaluation.analyses import ANALYSES, MODEL_SETS, analyze, expand_models, make_settings
 
 if TYPE_CHECKING:
+    import onnx
+
     from trims.runtime.functions import Context, Request
 
 #: request field -> the JSON types it may have
@@ -50,7 +56,44 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _checked(body: dict[str, Any]) -> dict[str, Any]:
+#: a request names one of the function's own models (its spec's ``models``) as ``store:<key>``
+STORE_PREFIX = "store:"
+
+
+def onnx_model(model: Any, key: str) -> onnx.ModelProto:
+    """The ONNX model behind ``ctx.models[key]``, with its weights in the proto.
+
+    From the store: the stored graph, each external initializer filled from the shared
+    mapping (a copy: the analysis exports sub-models from it). Loaded directly (no daemon):
+    the ONNX file itself.
+    """
+    import numpy as np
+    import onnx
+
+    from trims.evaluation import graph
+    from trims.runtime.direct import DirectModel
+    from trims.runtime.models import StoreModel
+
+    if isinstance(model, StoreModel):
+        from trims.runtime.adapters.onnxruntime import graph_bytes
+
+        proto = onnx.ModelProto()
+        proto.ParseFromString(graph_bytes(model.lease))
+        arrays = model.numpy()
+        for tensor in proto.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                tensor.raw_data = np.ascontiguousarray(arrays[tensor.name]).tobytes()
+        return proto
+    if isinstance(model, DirectModel) and model.format == "onnx":
+        return graph.load(str(model.path))[1]
+    raise ValidationError(
+        f"model {key!r} of this function is not an ONNX model; the analyses read ONNX graphs"
+    )
+
+
+def _checked(body: dict[str, Any], own: Collection[str]) -> dict[str, Any]:
     unknown = sorted(set(body) - set(_FIELDS) - {"analysis"})
     if unknown:
         raise ValidationError(f"unknown settings {unknown}; a request may give {sorted(_FIELDS)}")
@@ -68,12 +111,16 @@ def _checked(body: dict[str, Any]) -> dict[str, Any]:
         listed = out["models"] if isinstance(out["models"], list) else [out["models"]]
         names = expand_models(",".join(str(m) for m in listed))
         allowed = set(zoo.zoo_names()) | set(families.FAMILIES) | set(MODEL_SETS)
+        allowed |= {STORE_PREFIX + key for key in own}
         refused = [n for n in names if n not in allowed]
         if refused:
+            mine = ", ".join(STORE_PREFIX + k for k in sorted(own)) or "none"
             raise ValidationError(
-                f"models {refused} are not zoo or PyTorch family models; a request names "
-                f"models ({', '.join(sorted(MODEL_SETS))}, zoo names, torch:<arch>), not paths"
+                f"models {refused} are neither zoo, PyTorch family nor this function's models "
+                f"({mine}); a request names models ({', '.join(sorted(MODEL_SETS))}, zoo "
+                "names, torch:<arch>, store:<model of the spec>), not paths"
             )
+        out["models"] = list(names)
     return out
 
 
@@ -85,12 +132,21 @@ def handler(request: Request, ctx: Context) -> dict[str, Any]:
         raise ValidationError(
             'send a JSON object {"analysis": "layers|lowerbound|bricks", ...settings}'
         )
-    fields = _checked(body)
+    fields = _checked(body, ctx.models)
+    provided = {
+        name: onnx_model(ctx.models[name.removeprefix(STORE_PREFIX)], name)
+        for name in fields.get("models", ())
+        if name.startswith(STORE_PREFIX)
+    }
     db = str(ctx.config.get("db") or data_dir(os.environ) / "evaluation.sqlite")
     if "://" not in db:
         os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     settings = make_settings(
-        body["analysis"], db=db, mxnet_python=ctx.config.get("mxnet_python"), **fields
+        body["analysis"],
+        db=db,
+        mxnet_python=ctx.config.get("mxnet_python"),
+        provided=provided,
+        **fields,
     )
     ctx.logger.info("analysis %s of %d models requested", settings.analysis, len(settings.models))
     report = analyze(settings)

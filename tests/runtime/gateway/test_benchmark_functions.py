@@ -50,3 +50,33 @@ async def test_kernel_study_and_model_analysis_as_functions(start_gateway, tmp_p
         "analyze", json.dumps({"analysis": "layers", "models": ["squeezenet"]}).encode(), json_type
     )
     assert status == 200 and json.loads(body)["models"][0]["name"] == "squeezenet"
+
+
+async def test_the_analysis_function_reads_its_own_model_from_the_store(
+    start_gateway, start_daemon, tmp_path: Path
+):
+    import onnx
+
+    from trims.evaluation import zoo
+    from trims.runtime.client import StoreClient
+
+    daemon = start_daemon()
+    source = tmp_path / "sq.onnx"
+    onnx.save(zoo.materialize("squeezenet"), str(source))
+    with StoreClient(daemon.socket) as admin:
+        admin.add("sq", source)
+    gw = await start_gateway(tokens=(ADMIN,), store_socket=daemon.socket)
+    await gw.deploy(
+        {"name": "analyze", "handler": "trims.evaluation.functions:handler",
+         "models": [{"name": "sq"}], "config": {"db": str(tmp_path / "a.sqlite")},
+         "scaling": {"request_timeout_s": 120}}
+    )  # fmt: skip
+    request = {"analysis": "layers", "models": ["store:sq", "squeezenet"]}
+    status, _, body = await gw.invoke(
+        "analyze", json.dumps(request).encode(), {"Content-Type": "application/json"}
+    )
+    assert status == 200, body
+    mine, zoo_model = json.loads(body)["models"]
+    assert mine["name"] == "store:sq"
+    assert mine["flops"] == zoo_model["flops"] and mine["param_bytes"] == zoo_model["param_bytes"]
+    assert len(mine["layers"]) == len(zoo_model["layers"])
