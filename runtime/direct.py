@@ -18,23 +18,14 @@ from typing import Any
 import numpy as np
 
 from trims.errors import CorruptModel, NotFound, ValidationError
+from trims.layout import MODEL_FORMATS, format_from_suffix
 from trims.runtime.model_base import ModelBase
 
 log = logging.getLogger(__name__)
 
-SUFFIX_FORMATS = {
-    ".safetensors": "safetensors",
-    ".pt": "torch",
-    ".pth": "torch",
-    ".bin": "torch",
-    ".ckpt": "torch",
-    ".onnx": "onnx",
-    ".params": "mxnet",
-}
-
 
 def detect_format(path: Path) -> str:
-    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+    fmt = format_from_suffix(path.name)
     if fmt is None:
         raise ValidationError(
             f"cannot tell the format of {path.name}: name it *.safetensors, *.pt, *.pth, "
@@ -60,7 +51,7 @@ class DirectModel(ModelBase):
         self.name = name
         self.path = path
         self.format = fmt or detect_format(path)
-        if self.format not in set(SUFFIX_FORMATS.values()):
+        if self.format not in MODEL_FORMATS:
             raise ValidationError(f"model {name}: unknown format {self.format!r}")
 
     def _fail(self, e: Exception) -> CorruptModel:

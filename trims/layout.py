@@ -23,6 +23,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, BinaryIO
 
 from trims.errors import CorruptModel, ValidationError
@@ -56,6 +57,25 @@ _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_TENSORS = 1_000_000
 MAX_TENSOR_NAME = 1024
 MAX_NDIM = 32
+
+
+#: The model file formats a layout is made from (the store converts them; a function without a
+#: daemon loads them directly), and the file suffix that names each.
+MODEL_FORMATS: tuple[str, ...] = ("safetensors", "torch", "onnx", "mxnet")
+FORMAT_SUFFIXES: dict[str, str] = {
+    ".safetensors": "safetensors",
+    ".pt": "torch",
+    ".pth": "torch",
+    ".bin": "torch",
+    ".ckpt": "torch",
+    ".onnx": "onnx",
+    ".params": "mxnet",
+}
+
+
+def format_from_suffix(filename: str) -> str | None:
+    """The model format a file name's suffix names (case-insensitive), or None."""
+    return FORMAT_SUFFIXES.get(PurePath(filename).suffix.lower())
 
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:

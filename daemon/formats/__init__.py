@@ -16,21 +16,17 @@ from pathlib import Path
 
 from trims.daemon.formats.writer import Progress
 from trims.errors import ValidationError
-from trims.layout import Manifest, validate_model_name, validate_version
+from trims.layout import (
+    MODEL_FORMATS,
+    Manifest,
+    format_from_suffix,
+    validate_model_name,
+    validate_version,
+)
 
 log = logging.getLogger(__name__)
 
-FORMATS: tuple[str, ...] = ("safetensors", "torch", "onnx", "mxnet")
-
-_SUFFIXES = {
-    ".safetensors": "safetensors",
-    ".pt": "torch",
-    ".pth": "torch",
-    ".bin": "torch",
-    ".ckpt": "torch",
-    ".onnx": "onnx",
-    ".params": "mxnet",
-}
+FORMATS: tuple[str, ...] = MODEL_FORMATS
 _MXNET_MAGIC = struct.pack("<Q", 0x112)
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -51,7 +47,7 @@ def detect_format(path: Path, *, filename: str | None = None) -> str:
     if head[:4] == _ZIP_MAGIC:
         return "torch"
     shown = filename or path.name
-    fmt = _SUFFIXES.get(Path(shown).suffix.lower())
+    fmt = format_from_suffix(shown)
     if fmt is None:
         raise ValidationError(
             f"cannot tell the format of {shown}: name it *.safetensors, *.pt, *.pth, *.onnx "

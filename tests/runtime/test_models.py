@@ -152,3 +152,12 @@ def test_mxnet_executor_is_identical_from_store_and_file(
             x.copyto(exe.arg_dict["data"])
             outputs.append(exe.forward(is_train=False)[0].asnumpy())
     assert outputs[0].tobytes() == outputs[1].tobytes()
+
+
+def test_direct_model_with_an_unknown_suffix_says_how_to_name_it(tmp_path: Path) -> None:
+    from trims.errors import ValidationError
+
+    source = tmp_path / "weights.h5"
+    source.write_bytes(b"\0" * 16)
+    with pytest.raises(ValidationError, match=r"weights\.h5: name it \*\.safetensors"):
+        DirectModel("w", source)

@@ -95,3 +95,14 @@ def test_good_names(name: str) -> None:
 def test_bad_names(name: object) -> None:
     with pytest.raises(ValidationError):
         layout.validate_model_name(name)
+
+
+def test_format_from_suffix_is_case_insensitive_and_says_none_for_unknown() -> None:
+    from trims.layout import MODEL_FORMATS, format_from_suffix
+
+    assert format_from_suffix("dir/Model.SafeTensors") == "safetensors"
+    assert format_from_suffix("w.pth") == format_from_suffix("w.ckpt") == "torch"
+    assert format_from_suffix("m.onnx") == "onnx" and format_from_suffix("m.params") == "mxnet"
+    assert format_from_suffix("model.h5") is None and format_from_suffix("model") is None
+    named = {format_from_suffix(f"x{s}") for s in (".safetensors", ".pt", ".onnx", ".params")}
+    assert named == set(MODEL_FORMATS)
