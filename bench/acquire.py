@@ -31,6 +31,7 @@ table between ``<!-- bench:acquire -->`` markers in ``--docs``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -252,9 +253,17 @@ def measure_times(settings: BenchSettings, daemon: Daemon, folder: Path) -> list
 
 def hold_instances(method: str, count: int, path: Path, socket: Path, name: str) -> float:
     """Start ``count`` holders at once; their total PSS in MiB once all hold the model."""
+    return _total_pss_mib(["--worker", method, str(path), str(socket), name, "--hold"], count)
+
+
+def _total_pss_mib(args: list[str], count: int) -> float:
+    """Start ``count`` copies of this script with ``args``; their total PSS once all are ready.
+
+    Each says it is ready with one line on stdout and waits for one on stdin to exit.
+    """
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", method, str(path), str(socket), name, "--hold"],
+            [sys.executable, __file__, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -264,14 +273,16 @@ def hold_instances(method: str, count: int, path: Path, socket: Path, name: str)
     try:
         for p in procs:
             assert p.stdout is not None
-            json.loads(p.stdout.readline())
-        # Read only when every process holds the model: shared pages are then split by all.
+            if not p.stdout.readline():
+                raise RuntimeError(f"{' '.join(args)}: process {p.pid} exited before it was ready")
+        # Read only when every process is ready: shared pages are then split by all.
         return sum(_pss_kib(p.pid) for p in procs) / 1024
     finally:
         for p in procs:
             assert p.stdin is not None
-            p.stdin.write("\n")
-            p.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                p.stdin.write("\n")
+                p.stdin.close()
         for p in procs:
             p.wait(60)
 
@@ -306,27 +317,7 @@ def measure_memory(settings: BenchSettings, daemon: Daemon, folder: Path) -> dic
 
 def _idle_pss_mib(count: int) -> float:
     """Total PSS of ``count`` processes that imported everything but hold no model."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--idle"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(count)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            p.stdout.readline()
-        return sum(_pss_kib(p.pid) for p in procs) / 1024
-    finally:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("\n")
-            p.stdin.close()
-        for p in procs:
-            p.wait(60)
+    return _total_pss_mib(["--idle"], count)
 
 
 def idle() -> None:
