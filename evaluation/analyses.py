@@ -171,17 +171,16 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _load(settings: AnalyzeSettings) -> list[Any]:
-    from trims.evaluation import graph, zoo
-    from trims.evaluation.ir import build, load_ir
+    from trims.evaluation import zoo
+    from trims.evaluation.ir import load_ir, model_ir
 
     out = []
     for name in progress(list(settings.models), "loading models", settings.progress):
         given = settings.provided.get(name)
         if given is None:
             out.append(load_ir(name, settings.batch))
-            continue
-        model = graph.prepare(zoo.materialize_constants(given, name), name, settings.batch)
-        out.append(build(model, name, settings.batch))
+        else:  # as graph.load treats a file: light weights become real initializers
+            out.append(model_ir(zoo.materialize_constants(given, name), name, settings.batch))
     return out
 
 

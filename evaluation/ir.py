@@ -281,10 +281,17 @@ def build(model: onnx.ModelProto, name: str, batch: int = 1) -> ModelIR:
 
 
 def load_ir(source: str, batch: int = 1) -> ModelIR:
-    """Load (zoo name or path), prepare and build the IR in one step."""
+    """Load (zoo name, family model or path), prepare and build the IR in one step."""
     from trims.evaluation import graph
 
     name, model = graph.load(source)
+    return model_ir(model, name, batch)
+
+
+def model_ir(model: onnx.ModelProto, name: str, batch: int = 1) -> ModelIR:
+    """Prepare a loaded model (see :func:`trims.evaluation.graph.prepare`) and build its IR."""
+    from trims.evaluation import graph
+
     return build(graph.prepare(model, name, batch), name, batch)
 
 
