@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from trims.errors import Timeout, Unavailable, UpstreamError
+from trims.errors import NotFound, Timeout, Unavailable, UpstreamError
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
     ConnectionLost,
@@ -228,6 +228,14 @@ class WorkerInstance(Instance):
 
 
 W = TypeVar("W", bound=WorkerInstance)
+
+
+def pop_managed(instances: dict[str, W], instance: Instance, executor: str) -> W:
+    """Take ``instance`` out of an executor's table, or NotFound naming the executor."""
+    managed = instances.pop(instance.id, None)
+    if managed is None:
+        raise NotFound(f"instance {instance.id} is not managed by this {executor} executor")
+    return managed
 
 
 async def terminate_all(instances: Sequence[W], grace_s: float) -> list[tuple[W, BaseException]]:

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from trims.config import default_socket, format_size
 from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
-from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
+from trims.runtime.executors.base import Instance, WorkerInstance, pop_managed, terminate_all
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
@@ -456,10 +456,7 @@ class DockerExecutor:
         return instance
 
     async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
-        managed = self._instances.pop(instance.id, None)
-        if managed is None:
-            raise NotFound(f"instance {instance.id} is not managed by this docker executor")
-        await managed.terminate(grace_s)
+        await pop_managed(self._instances, instance, "docker").terminate(grace_s)
 
     async def close(self) -> None:
         self._closed = True

@@ -42,7 +42,7 @@ from trims.errors import (
     Unavailable,
     ValidationError,
 )
-from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
+from trims.runtime.executors.base import Instance, WorkerInstance, pop_managed, terminate_all
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
@@ -580,10 +580,7 @@ class KubernetesExecutor:
         return instance
 
     async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
-        managed = self._instances.pop(instance.id, None)
-        if managed is None:
-            raise NotFound(f"instance {instance.id} is not managed by this kubernetes executor")
-        await managed.terminate(grace_s)
+        await pop_managed(self._instances, instance, "kubernetes").terminate(grace_s)
 
     async def close(self) -> None:
         self._closed = True
