@@ -375,6 +375,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def update_docs(docs: Path, table: str, command: str) -> None:
+    from trims.config import write_atomic
+
     text = docs.read_text() if docs.exists() else ""
     block = f"{MARK_START}\n`{command}`\n\n{table}{MARK_END}"
     if MARK_START in text and MARK_END in text:
@@ -382,7 +384,7 @@ def update_docs(docs: Path, table: str, command: str) -> None:
         text = head + block + rest.split(MARK_END, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
-    docs.write_text(text)
+    write_atomic(docs, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,9 +433,11 @@ def main(argv: list[str] | None = None) -> int:
         if daemon is not None:
             daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
-    settings.json_path.write_text(json.dumps(report, indent=2) + "\n")
+    from trims.config import write_atomic
+
+    write_atomic(settings.json_path, json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    settings.json_path.with_suffix(".md").write_text(table)
+    write_atomic(settings.json_path.with_suffix(".md"), table)
     if settings.docs is not None:
         update_docs(settings.docs, table, "python bench/acquire.py " + " ".join(args_list))
     print(table)

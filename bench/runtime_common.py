@@ -81,8 +81,9 @@ def write_json(path: Path | None, doc: dict[str, Any]) -> None:
     if path is None:
         print(text)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    from trims.config import write_atomic
+
+    write_atomic(path, text + "\n")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from trims.config import write_atomic
 from trims.evaluation.analyses import AnalyzeSettings, analyze, make_settings
 
 
@@ -87,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
     report = analyze(_settings(args))
     print(report.text)
     if args.json_out is not None:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report.body, indent=2) + "\n")
+        write_atomic(args.json_out, json.dumps(report.body, indent=2) + "\n")
         print(f"wrote {args.json_out}")
     if args.plots is not None:
         args.plots.mkdir(parents=True, exist_ok=True)

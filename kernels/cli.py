@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trims.config import write_atomic
 from trims.errors import ValidationError
 from trims.kernels import studies
 
@@ -77,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     handler = {"tcu": _tcu, "klap": _klap, "transfer": _transfer, "als": _als}[args.study]
     result = handler(args)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
         print(f"results written to {args.json}")
     return 0
 

@@ -7,6 +7,7 @@ default and why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -122,3 +123,26 @@ class DaemonSettings:
     @property
     def admin_socket_path(self) -> Path:
         return admin_socket_for(self.socket_path)
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Replace ``path`` with ``data`` all at once: readers see the old file or the new one.
+
+    The data goes to a temp file in the same folder (created if missing), is fsynced, then
+    renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched.
+    """
+    import tempfile
+
+    raw = data.encode() if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from opentelemetry import trace
 
+from trims.config import write_atomic
 from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
 from trims.runtime.executors.base import Executor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
@@ -256,7 +255,7 @@ class Gateway:
             return
         folder = self.settings.state_dir / kind
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(folder / f"{name}.json", json.dumps(doc, indent=1).encode())
+        write_atomic(folder / f"{name}.json", json.dumps(doc, indent=1))
 
     def _forget(self, kind: str, name: str) -> None:
         if self.settings.state_dir is None:
@@ -286,12 +285,3 @@ def _forwarded_trace(headers: Mapping[str, str]) -> Mapping[str, str]:
 
 
 _NO_TRACE: Mapping[str, str] = {}
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

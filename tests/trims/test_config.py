@@ -42,3 +42,25 @@ def test_default_paths_follow_the_environment() -> None:
 def test_daemon_settings_reject_unknown_policy(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="eviction policy"):
         config.DaemonSettings(store_dir=tmp_path, socket_path=tmp_path / "s", eviction="random")
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from trims.config import write_atomic
+
+    target = tmp_path / "out" / "r.json"
+    write_atomic(target, "old\n")  # the folder is created
+    write_atomic(target, b"new\n")
+    assert target.read_text() == "new\n"
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, "half")
+    assert target.read_text() == "new\n"
+    assert [p.name for p in target.parent.iterdir()] == ["r.json"]  # no temp file left
