@@ -141,17 +141,24 @@ def test_kill_9_then_restart_under_the_same_name_removes_the_orphaned_containers
     (code / "handler.py").write_text("def handler(request, ctx):\n    return request.text()\n")
     spec = {"name": "echo", "handler": "handler:handler", "code_dir": str(code)}
 
-    first = gateway_process("--executor", "docker", "--name", name)
-    client = GatewayClient(first.url, None, timeout_s=120)
-    client.json("PUT", "/v1/functions/echo", spec)
-    status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"hi")
-    assert (status, body) == (200, b"hi")
-    assert len(docker_client.containers.list(filters=owned)) == 1
-    first.kill()  # SIGKILL: the executor never closes, its container keeps running
-    assert len(docker_client.containers.list(filters=owned)) == 1
+    try:
+        first = gateway_process("--executor", "docker", "--name", name)
+        client = GatewayClient(first.url, None, timeout_s=120)
+        client.json("PUT", "/v1/functions/echo", spec)
+        status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"hi")
+        assert (status, body) == (200, b"hi")
+        assert len(docker_client.containers.list(filters=owned)) == 1
+        first.kill()  # SIGKILL: the executor never closes, its container keeps running
+        assert len(docker_client.containers.list(filters=owned)) == 1
 
-    neighbour = gateway_process("--executor", "docker", "--name", f"{name}-other")
-    second = gateway_process("--executor", "docker", "--name", name)
-    assert wait_until(lambda: not docker_client.containers.list(all=True, filters=owned), 30)
-    assert neighbour.terminate() == 0 and second.terminate() == 0
-    assert "orphaned trims containers" in second.text()
+        neighbour = gateway_process("--executor", "docker", "--name", f"{name}-other")
+        second = gateway_process("--executor", "docker", "--name", name)
+        assert wait_until(lambda: not docker_client.containers.list(all=True, filters=owned), 30)
+        assert neighbour.terminate() == 0 and second.terminate() == 0
+        assert "orphaned trims containers" in second.text()
+    finally:  # whatever failed above, no container of this test outlives it
+        for prefix in (name, f"{name}-other"):
+            for c in docker_client.containers.list(
+                all=True, filters={"label": f"org.trims.owner={prefix}"}
+            ):
+                c.remove(force=True)
