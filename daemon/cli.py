@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from trims.config import (
     EVICTION_POLICIES,
     DaemonSettings,
+    ServerLimits,
     TierBudgets,
     data_dir,
     default_socket,
@@ -48,6 +50,75 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP trace endpoint [$TRIMS_OTLP_ENDPOINT]")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING [INFO; $TRIMS_LOG_LEVEL]")
+    parser.add_argument(
+        "--download-deadline",
+        help="seconds a remote model may take to download [3600; $TRIMS_DOWNLOAD_DEADLINE]",
+    )
+    parser.add_argument(
+        "--download-stall-timeout",
+        help="seconds a download may wait for its next byte [60; $TRIMS_DOWNLOAD_STALL_TIMEOUT]",
+    )
+    # Tests only: kill the daemon at a step of the commit protocol (trims.daemon.crashpoints).
+    parser.add_argument("--crash-point", help=argparse.SUPPRESS)
+    _configure_limits(parser)
+
+
+#: Flags of ServerLimits (one per field; also $TRIMS_<FIELD>): field, help, parser.
+_LIMIT_FLAGS: tuple[tuple[str, str, Callable[[str], float]], ...] = (
+    ("max_connections", "connections on the store socket, all uids [4096]", int),
+    ("max_connections_per_uid", "store-socket connections of one uid, root included [256]", int),
+    ("max_admin_connections", "admin-socket connections, reserved apart [16]", int),
+    ("read_timeout", "seconds to finish a frame once it started [10]", float),
+    ("idle_timeout", "seconds before closing a connection without leases or requests; "
+     "0 = never [60]", float),
+    ("max_request_frame", "largest request frame, e.g. 64KiB [64KiB]", parse_size),
+    ("read_buffer_total", "bytes of partial requests buffered, all connections [64MiB]",
+     parse_size),
+    ("peer_log_burst", "warnings logged per uid per interval [10]", int),
+    ("peer_log_interval", "seconds of that interval [10]", float),
+)  # fmt: skip
+
+
+def _configure_limits(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection limits (per peer; see trims.daemon.server)")
+    for name, help_text, _ in _LIMIT_FLAGS:
+        group.add_argument(
+            "--" + name.replace("_", "-"), help=f"{help_text[:-1]}; $TRIMS_{name.upper()}]"
+        )
+
+
+def build_limits(args: argparse.Namespace, env: Mapping[str, str]) -> ServerLimits:
+    """ServerLimits from argv, then TRIMS_* environment, then the defaults."""
+    values: dict[str, Any] = {}
+    for name, _, parse in _LIMIT_FLAGS:
+        text = getattr(args, name, None)
+        if text is None:
+            text = env.get(f"TRIMS_{name.upper()}") or None
+        if text is None:
+            continue
+        try:
+            values[name] = parse(text)
+        except (ValueError, ValidationError) as e:
+            raise ValidationError(
+                f"invalid --{name.replace('_', '-')} {text!r}: use a {parse.__name__} value"
+            ) from e
+    return ServerLimits(**values)
+
+
+def _download_limits(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, float]:
+    """download_deadline and download_stall_timeout from argv, then $TRIMS_*, if given."""
+    values: dict[str, float] = {}
+    for name in ("download_deadline", "download_stall_timeout"):
+        text = getattr(args, name, None) or env.get(f"TRIMS_{name.upper()}") or None
+        if text is None:
+            continue
+        try:
+            values[name] = float(text)
+        except ValueError as e:
+            raise ValidationError(
+                f"invalid --{name.replace('_', '-')} {text!r}: use a number of seconds"
+            ) from e
+    return values
 
 
 def parse_eviction(spec: str) -> tuple[str, dict[str, str]]:
@@ -99,6 +170,9 @@ def build_settings(
         s3_endpoint=pick(args.s3_endpoint, "TRIMS_S3_ENDPOINT"),
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
         metrics_address=pick(args.metrics_address, "TRIMS_METRICS_ADDRESS"),
+        crash_point=getattr(args, "crash_point", None),
+        limits=build_limits(args, env),
+        **_download_limits(args, env),
     )
     return settings, per_tier, pick(args.log_level, "TRIMS_LOG_LEVEL") or "INFO"
 
@@ -112,6 +186,33 @@ def run(args: argparse.Namespace) -> int:
     return uvloop.run(serve(settings, policies))
 
 
+#: Descriptors the daemon needs beside its connections: memfds, disk-tier files, catalog, logs.
+_FD_HEADROOM = 1024
+
+
+def raise_fd_limit(limits: ServerLimits) -> None:
+    """Raise the soft RLIMIT_NOFILE so every connection slot can be used at once.
+
+    Otherwise accept() fails with EMFILE before the connection limits apply (1024 is a common
+    soft limit), and the admin socket, whose slots are reserved, could not accept either.
+    """
+    import resource
+
+    need = limits.max_connections + limits.max_admin_connections + _FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        if target < need:
+            log.warning(
+                "open-file limit is %d (hard); %d connection slots need about %d: lower "
+                "--max-connections or raise the hard limit (ulimit -Hn)",
+                hard,
+                limits.max_connections + limits.max_admin_connections,
+                need,
+            )
+
+
 async def serve(settings: DaemonSettings, policies: dict[str, str]) -> int:
     from trims.daemon.metrics import DaemonMetrics, MetricsServer
     from trims.daemon.server import Server
@@ -122,6 +223,7 @@ async def serve(settings: DaemonSettings, policies: dict[str, str]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    raise_fd_limit(settings.limits)
     metrics = DaemonMetrics()
     gpu = open_gpu_tier(settings.budgets.gpu)
     store = Store(settings, metrics, policies=policies, gpu=gpu)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trims.config import format_size
@@ -16,7 +18,7 @@ from trims.daemon.formats import FORMATS, convert, detect_format
 from trims.daemon.formats.writer import Progress
 from trims.daemon.tiers import cloud
 from trims.daemon.tiers.disk import DiskTier
-from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
+from trims.errors import CorruptModel, PayloadTooLarge, Timeout, ValidationError
 from trims.layout import Manifest, sha256_stream, validate_digest, validate_model_name
 from trims.layout import validate_version as _validate_version
 
@@ -24,6 +26,40 @@ log = logging.getLogger(__name__)
 
 #: Longest source string accepted (a URL or a path).
 MAX_SOURCE = 4096
+
+
+@dataclass(frozen=True)
+class DownloadLimits:
+    """How long the downloads of one ingest may take (seconds; see cloud.fetch)."""
+
+    #: No byte for this long (connecting included) fails the download.
+    stall_timeout: float = cloud.STALL_TIMEOUT
+    #: The model and its external data files together must arrive within this.
+    deadline: float = cloud.DEADLINE
+
+    def __post_init__(self) -> None:
+        if not (self.stall_timeout > 0 and self.deadline > 0):
+            raise ValidationError(
+                f"download stall timeout {self.stall_timeout} s and deadline {self.deadline} s "
+                "must be positive"
+            )
+
+
+class _Clock:
+    """The time left of one ingest's download deadline."""
+
+    def __init__(self, limits: DownloadLimits) -> None:
+        self.limits = limits
+        self._end = time.monotonic() + limits.deadline
+
+    def left(self, url: str) -> float:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise Timeout(
+                f"downloads for {cloud.redact(url)} did not finish within their deadline of "
+                f"{self.limits.deadline:g} s; try again later or raise --download-deadline"
+            )
+        return left
 
 
 def _local_source(source: str, expected_sha256: str | None, max_bytes: int) -> Path:
@@ -47,7 +83,12 @@ def _local_source(source: str, expected_sha256: str | None, max_bytes: int) -> P
 
 
 def _fetch_external_data(
-    source: str, model: Path, s3_endpoint: str | None, progress: Progress | None, max_bytes: int
+    source: str,
+    model: Path,
+    s3_endpoint: str | None,
+    progress: Progress | None,
+    max_bytes: int,
+    clock: _Clock,
 ) -> None:
     """Fetch the external data files a remote ONNX model names from beside it.
 
@@ -72,6 +113,8 @@ def _fetch_external_data(
             expected_sha256=None,
             progress=progress,
             max_bytes=left,
+            stall_timeout=clock.limits.stall_timeout,
+            deadline=clock.left(url),
         )
         left -= dest.stat().st_size
 
@@ -100,13 +143,16 @@ def ingest(
     progress: Progress | None,
     max_bytes: int,
     make_room: Callable[[int], None] | None = None,
+    limits: DownloadLimits | None = None,
 ) -> Manifest:
     """Bring ``source`` into the disk tier as model ``name:version``; return its manifest.
 
     ``expected_sha256`` is the digest of the source file (not of the layout). ``make_room``,
     when given, is called with the layout's size before it is committed, so the caller can
-    evict to fit its disk budget. Raises ValidationError, NotFound, Unavailable, CorruptModel,
-    PayloadTooLarge or ResourceExhausted; on any of them no file of this ingest remains.
+    evict to fit its disk budget. ``limits`` bounds the time of a remote source's downloads
+    (the model and its external data together). Raises ValidationError, NotFound, Unavailable,
+    Timeout, CorruptModel, PayloadTooLarge or ResourceExhausted; on any of them no file of this
+    ingest remains.
     """
     validate_model_name(name)
     _validate_version(version)
@@ -125,6 +171,7 @@ def ingest(
             if filename in ("", ".", ".."):
                 filename = "model"
             local = work / filename
+            clock = _Clock(limits or DownloadLimits())
             cloud.fetch(
                 source,
                 local,
@@ -132,11 +179,13 @@ def ingest(
                 expected_sha256=expected_sha256,
                 progress=progress,
                 max_bytes=max_bytes,
+                stall_timeout=clock.limits.stall_timeout,
+                deadline=clock.left(source),
             )
             if fmt is None:
                 fmt = detect_format(local, filename=filename)
             if fmt == "onnx":
-                _fetch_external_data(source, local, s3_endpoint, progress, max_bytes)
+                _fetch_external_data(source, local, s3_endpoint, progress, max_bytes, clock)
         else:
             local = _local_source(source, expected_sha256, max_bytes)
         manifest: Manifest = convert(

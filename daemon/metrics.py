@@ -71,6 +71,34 @@ class DaemonMetrics:
             "trims_evictions", "Models evicted from a tier", ["tier"], registry=r
         )
         self.errors = Counter("trims_errors", "Error replies by error code", ["code"], registry=r)
+        self.protocol_errors = Counter(
+            "trims_protocol_errors",
+            "Malformed request frames, by reason (trims.protocol.DECODE_REASONS)",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "trims_connections_refused",
+            "Connections refused at accept, by the limit that refused them (total, per_uid, admin)",
+            ["reason"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "trims_connections_closed",
+            "Connections the daemon closed, by reason (idle, read_timeout, protocol)",
+            ["reason"],
+            registry=r,
+        )
+        self.read_buffer_bytes = Gauge(
+            "trims_read_buffer_bytes",
+            "Bytes reserved for request frames being read, all connections together",
+            registry=r,
+        )
+        self.log_suppressed = Counter(
+            "trims_log_suppressed",
+            "Log lines about a peer dropped by the per-uid log rate limit",
+            registry=r,
+        )
 
 
 class MetricsServer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trims.daemon.catalog import AccessList
+from trims.daemon.catalog import AccessList, validate_id
 from trims.daemon.store import Caller, Progress, Reply, Store
 from trims.errors import PermissionDenied, ValidationError
 from trims.layout import validate_digest, validate_model_name, validate_version
@@ -18,6 +18,8 @@ from trims.protocol import CLIENT_OPS, Op
 _TIERS = ("cpu", "gpu", "disk")
 _MAX_SOURCE = 4096
 _MAX_DEVICE = 128
+#: Most uids (and, separately, gids) one access list may name.
+_MAX_ACCESS_IDS = 1024
 
 
 def _opt_str(args: Mapping[str, Any], key: str, limit: int = 1024) -> str | None:
@@ -61,15 +63,15 @@ def _access(args: Mapping[str, Any]) -> AccessList:
         return AccessList()
     if not isinstance(raw, Mapping) or set(raw) - {"uids", "gids"}:
         raise ValidationError("argument 'access' must be an object {uids: [int], gids: [int]}")
-    ids: dict[str, frozenset[int]] = {}
+    ids: dict[str, list[int]] = {}
     for key in ("uids", "gids"):
-        values = raw.get(key, [])
-        if not isinstance(values, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
-        ):
-            raise ValidationError(f"access.{key} must be a list of non-negative integers")
-        ids[key] = frozenset(values)
-    return AccessList(ids["uids"], ids["gids"])
+        values = raw.get(key) or []
+        if not isinstance(values, list) or len(values) > _MAX_ACCESS_IDS:
+            raise ValidationError(
+                f"access.{key} must be a list of at most {_MAX_ACCESS_IDS} integer ids"
+            )
+        ids[key] = [validate_id(f"access.{key}[{i}]", v) for i, v in enumerate(values)]
+    return AccessList.of(ids["uids"], ids["gids"])
 
 
 def _bool(args: Mapping[str, Any], key: str) -> bool:

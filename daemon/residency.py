@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from trims.daemon.eviction import Resident, TierLedger
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.tiers.cpu import CpuTier
-from trims.daemon.tiers.disk import DiskTier
+from trims.daemon.tiers.disk import DiskTier, Stamp
 from trims.daemon.tiers.gpu import GpuTier
 from trims.daemon.tiers.memory import MemoryTier, Progress
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, Unavailable
@@ -70,7 +71,9 @@ class Residency:
         self.loads: dict[str, int] = {t: 0 for t in TIERS}
         self.evictions: dict[str, int] = {t: 0 for t in TIERS}
         self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._verified: set[str] = set()
+        #: Disk blobs verified this run, with the stamp they were verified under
+        #: (Note [disk re-verification]).
+        self._verified: dict[str, Stamp] = {}
         for t, ledger in (*self.ledgers.items(), ("disk", self.disk_ledger)):
             metrics.bytes_budget.labels(t).set(ledger.budget)
 
@@ -94,10 +97,25 @@ class Residency:
 
     def forget(self, digest: str) -> None:
         """The digest's disk copy is gone or replaced: verify it again before serving."""
-        self._verified.discard(digest)
+        self._verified.pop(digest, None)
 
     def mark_verified(self, digest: str) -> None:
-        self._verified.add(digest)
+        """The blob was hashed as it was committed just now."""
+        stamp = self.disk.stamp(digest)
+        if stamp is not None:
+            self._verified[digest] = stamp
+
+    def drop_disk_copy(self, digest: str, reason: str) -> None:
+        """Delete a blob that must never be served (failed a check, or no committed row names
+        it); a no-op when it is already gone. Fail closed: log it with the digest and why."""
+        self._verified.pop(digest, None)
+        if self.disk.contains(digest) or self.disk.path(digest).exists():
+            try:
+                self.disk.remove(digest)
+            except NotFound:
+                pass
+            log.warning("layout %s deleted from the disk tier: %s", digest, reason)
+        self.sync_disk_ledger()
 
     # Note [single-flight loads]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -137,6 +155,12 @@ class Residency:
                 record.source, record.name, record.version, record.format or None, None, None
             )
             if manifest.digest != record.digest:
+                if not self.catalog.by_digest(manifest.digest):
+                    self.drop_disk_copy(
+                        manifest.digest,
+                        f"fetched for {record.key} but its source changed (the catalog expects "
+                        f"{record.digest[:12]}); it is not served",
+                    )
                 raise CorruptModel(
                     f"the source of {record.key} changed: it now has digest "
                     f"{manifest.digest[:12]}, the catalog expects {record.digest[:12]}; "
@@ -161,7 +185,7 @@ class Residency:
         The eviction runs on the event loop (which owns the ledgers) while the ingest thread
         waits for it, so a remote source is downloaded once even when room must be made.
         """
-        from trims.daemon.ingest import ingest
+        from trims.daemon.ingest import DownloadLimits, ingest
 
         loop = asyncio.get_running_loop()
 
@@ -185,6 +209,10 @@ class Residency:
             progress=progress,
             max_bytes=self.settings.budgets.disk,
             make_room=make_room,
+            limits=DownloadLimits(
+                stall_timeout=self.settings.download_stall_timeout,
+                deadline=self.settings.download_deadline,
+            ),
         )
         self.sync_disk_ledger()
         return manifest
@@ -216,7 +244,7 @@ class Residency:
             span.set_attribute("trims.digest", digest)
             size = self.disk.path(digest).stat().st_size
             self.disk.remove(digest)
-            self._verified.discard(digest)
+            self._verified.pop(digest, None)
             self.sync_disk_ledger()
             self.evictions["disk"] += 1
             self.metrics.evictions.labels("disk").inc()
@@ -308,6 +336,13 @@ class Residency:
                         record.key,
                         progress,
                     )
+                except CorruptModel as e:
+                    self.drop_disk_copy(
+                        record.digest,
+                        f"loading {record.key} into the {tier} tier failed its digest check "
+                        f"({e.message})",
+                    )
+                    raise
                 finally:
                     ledger.reserved -= size
                 ledger.add(record.digest, size)
@@ -318,13 +353,52 @@ class Residency:
 
         await self.single_flight((tier, record.digest), load)
 
+    # Note [disk re-verification]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A blob is mode 0444 in a 0700 store dir, but a client that is root (or the daemon's
+    # uid) can fchmod the read-only fd a "disk" acquire hands out and write the file; nothing
+    # stops root, so we detect it. When a blob is verified we remember its Stamp (inode,
+    # size, mtime, ctime; the kernel sets ctime on every write, truncate, chmod or rename and
+    # userspace cannot set it back). Before each hand-out of the file (verify_disk, then
+    # open_verified for tier "disk") the current stamp is compared, and the whole digest is
+    # recomputed whenever it differs; open_verified also checks the fd it opened against that
+    # stamp, so a swap between the check and the open is caught. A blob that fails is
+    # deleted (DiskTier.verify) and the acquire fails with CorruptModel; the next acquire
+    # fetches it again from its source when the model has one. Promotion to a memory tier
+    # hashes every byte it copies (CpuTier/GpuTier.load), which is stronger than the stamp
+    # check, and deletes the blob the same way when that hash fails. A change made after a
+    # hand-out is visible to holders of that fd until the next check: see docs/store.md.
+
     async def verify_disk(self, record: ModelRecord) -> None:
-        """Check the disk file against its digest once per daemon run before serving it."""
-        if record.digest in self._verified:
+        """Check the disk file against its digest before serving it: once, and again whenever
+        its stamp changed since (Note [disk re-verification])."""
+        stamp = self.disk.stamp(record.digest)
+        if stamp is not None and self._verified.get(record.digest) == stamp:
             return
 
         async def verify() -> None:
-            await asyncio.to_thread(self.disk.verify, record.digest)
-            self._verified.add(record.digest)
+            self._verified.pop(record.digest, None)
+            try:
+                verified = await asyncio.to_thread(self.disk.verify, record.digest)
+            finally:
+                self.sync_disk_ledger()
+            self._verified[record.digest] = verified
 
         await self.single_flight(("verify", record.digest), verify)
+
+    async def open_verified(self, record: ModelRecord) -> int:
+        """A read-only fd of the verified disk blob (Note [disk re-verification])."""
+        for _ in range(2):
+            await self.ensure_disk(record)
+            await self.verify_disk(record)
+            try:
+                fd = os.open(self.disk.path(record.digest), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as e:
+                raise NotFound(f"model {record.key} was removed while it was acquired") from e
+            if Stamp.of(os.fstat(fd)) == self._verified.get(record.digest):
+                return fd
+            os.close(fd)
+        raise CorruptModel(
+            f"the disk copy of {record.key} keeps changing while it is verified; find what "
+            "writes to the store directory, then remove the model and add it again"
+        )

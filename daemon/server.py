@@ -1,11 +1,47 @@
 """The daemon's socket server: two Unix sockets, one task per connection, fds over SCM_RIGHTS.
 
-asyncio streams cannot pass descriptors, so connections are raw non-blocking sockets read with
-``loop.sock_recv`` and written with ``socket.sendmsg`` (waiting for writability on EAGAIN).
+asyncio streams cannot pass descriptors, so connections are raw non-blocking sockets: the server
+waits for readability with ``loop.add_reader`` and reads with ``recv``, and writes with
+``socket.sendmsg`` (waiting for writability on EAGAIN).
 
 Lifecycle: ``start()`` binds both sockets and starts accepting; ``close()`` stops accepting,
 removes the socket files, closes every connection (ending its leases). A bad frame closes only
 the connection that sent it; an error in one request answers only that request.
+
+Limits (``DaemonSettings.limits``, :class:`trims.config.ServerLimits`)
+---------------------------------------------------------------------
+Every limit is per peer first, so one client cannot deny service to the others:
+
+* **Connections.** The store socket serves at most ``max_connections`` connections, and at most
+  ``max_connections_per_uid`` of one uid (root and the daemon's owner included). The admin
+  socket has its own ``max_admin_connections`` slots, so a flood of the store socket never
+  blocks administration. A refused connection gets a ``queue_full`` error frame naming the
+  limit and the flag that raises it, then is closed (metric ``trims_connections_refused``).
+* **Requests are small.** Requests are read with ``max_request_frame`` (64 KiB) as the frame
+  limit, not the protocol's 16 MiB ``MAX_FRAME`` (replies carry manifests). A header announcing
+  more is refused before any payload is buffered. All connections together buffer at most
+  ``read_buffer_total`` bytes of partial frames (see Note [read budget] in
+  :mod:`trims.daemon.limits`): at the limit the daemon stops reading instead of growing.
+* **Read timeout.** A frame that has started arriving must be complete within
+  ``read_timeout`` seconds, else the connection gets a ``timeout`` error frame and is closed.
+* **Idle timeout.** See Note [idle connections]: only connections without leases and without
+  requests in flight are closed after ``idle_timeout`` seconds of silence.
+* **Malformed frames.** Every decode failure is a ProtocolError (``trims.protocol``); it is
+  answered with a ``protocol`` error frame, counted by reason (``trims_protocol_errors``), and
+  closes that connection only.
+* **Logs.** Warnings about one uid's frames and connections go through a per-uid token bucket
+  (``peer_log_burst`` per ``peer_log_interval``); the rest are summarized as "suppressed N".
+
+Note [idle connections]
+~~~~~~~~~~~~~~~~~~~~~~~
+Leases belong to the connection (Note [lease keeps memory alive] in :mod:`trims.daemon.leases`):
+closing a connection ends its leases. A function instance that maps a model may not send a
+byte for hours and must keep its model, so the idle timeout never applies to a connection that
+holds a lease or has a request in flight (an ``acquire`` waiting for a load, an ``add``
+downloading). It applies only to connections that hold nothing: they cost a slot and a
+descriptor, and closing them loses nothing but the socket. The idle clock starts at accept and
+restarts with every byte received and every request that completes. The close is announced
+with an ``unavailable`` error frame (id null; retryable): reconnect when the store is needed.
 """
 
 from __future__ import annotations
@@ -19,21 +55,29 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from trims.config import DaemonSettings
+from trims.daemon.limits import ConnectionSlots, PeerLog, ReadBudget
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.ops import dispatch
 from trims.daemon.store import Caller, Progress, Reply, Store
-from trims.errors import ProtocolError, QueueFull, TrimsError, Unavailable, ValidationError
-from trims.protocol import FrameDecoder, encode_frame, peer_credentials
+from trims.errors import (
+    ProtocolError,
+    QueueFull,
+    Timeout,
+    TrimsError,
+    Unavailable,
+    ValidationError,
+)
+from trims.protocol import FrameDecoder, PeerCredentials, encode_frame, peer_credentials
 
 log = logging.getLogger(__name__)
 
-#: Most client connections served at once; further ones get Unavailable and are closed.
-MAX_CONNECTIONS = 1024
+#: Bytes read from a socket at once (and reserved from the read budget before each read).
+READ_CHUNK = 64 << 10
 #: Most requests of one connection in flight; the connection is not read until one finishes.
 MAX_IN_FLIGHT = 64
 #: A peer that does not read its replies for this long is disconnected (seconds).
@@ -83,13 +127,41 @@ def _bind(path: Path, mode: int, group: str | None) -> socket.socket:
     return sock
 
 
+def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A named task whose failure is logged, never left as an unretrieved exception."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_reap)
+    return task
+
+
+def _reap(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.error("%s failed (%r); the daemon goes on", task.get_name(), error, exc_info=error)
+
+
+class _Close(Exception):
+    """Ends a connection: ``error`` is sent to the peer, ``reason`` labels the metric."""
+
+    def __init__(self, reason: str, error: TrimsError, what: str) -> None:
+        super().__init__(what)
+        self.reason = reason
+        self.error = error
+        self.what = what
+
+
 class Connection:
     """One client connection: its socket, credentials, request tasks and send lock."""
 
-    def __init__(self, server: Server, sock: socket.socket, ident: int, admin: bool) -> None:
+    def __init__(
+        self, server: Server, sock: socket.socket, ident: int, admin: bool, peer: PeerCredentials
+    ) -> None:
         self.server = server
         self.sock = sock
-        peer = peer_credentials(sock)
+        self.ident = ident
+        self.peer = peer
         # The admin socket is 0600 already; a peer that is neither the owner nor root (e.g.
         # after someone loosened the mode) still gets only the client operations.
         admin = admin and peer.uid in (os.getuid(), 0)
@@ -97,62 +169,197 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._loop = asyncio.get_running_loop()
+        #: Requests started and not yet answered (see Note [idle connections]).
+        self._in_flight = 0
+        self._last_active = self._loop.time()
+        #: Bytes this connection holds of the server's read budget (Note [read budget]).
+        self._held = 0
+        self._waiter: asyncio.Future[bool] | None = None
 
     async def serve(self) -> None:
-        loop = asyncio.get_running_loop()
-        decoder = FrameDecoder()
         try:
-            while True:
-                data = await loop.sock_recv(self.sock, 1 << 16)
-                if not data:
-                    return
-                try:
-                    for message in decoder.feed(data):
-                        await self._slots.acquire()
-                        task = asyncio.create_task(self._handle(message))
-                        self._tasks.add(task)
-                        task.add_done_callback(self._tasks.discard)
-                except ProtocolError as e:
-                    log.warning(
-                        "client pid %d sent a bad frame (%s); connection closed",
-                        self.caller.peer.pid,
-                        e.message,
-                    )
-                    self.server.metrics.errors.labels(e.code).inc()
-                    await self.send({"id": None, "ok": False, "error": e.to_dict()})
-                    return
+            await self._read_loop()
+        except _Close as close:
+            await self._close_with(close)
         except (ConnectionError, OSError) as e:
-            log.debug("connection of pid %d ended: %s", self.caller.peer.pid, e)
+            log.debug("connection of pid %d ended: %s", self.peer.pid, e)
         finally:
+            self.server.read_budget.release(self._held)
+            self._held = 0
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            self.sock.close()
+
+    async def _read_loop(self) -> None:
+        limits = self.server.settings.limits
+        budget = self.server.read_budget
+        decoder = FrameDecoder(limits.max_request_frame, max_fds=0)
+        frame_started = self._loop.time()
+        while True:
+            mid_frame = decoder.buffered > 0
+            await self._wait_readable(mid_frame, frame_started)
+            if mid_frame:
+                try:
+                    async with asyncio.timeout_at(frame_started + limits.read_timeout):
+                        reserved = await budget.reserve(READ_CHUNK)
+                except TimeoutError:
+                    raise self._timeout("read_timeout") from None
+            else:
+                reserved = await budget.reserve(READ_CHUNK)
+            self._held += reserved
+            try:
+                data = self.sock.recv(reserved)
+            except BlockingIOError:
+                data = None
+            if data == b"":
+                return
+            if data:
+                now = self._loop.time()
+                self._last_active = now
+                completed = False
+                try:
+                    for message in decoder.feed(data):
+                        await self._slots.acquire()
+                        self._start(message)
+                        completed = True
+                except ProtocolError as e:
+                    raise _Close("protocol", e, f"sent a bad frame ({e.message})") from e
+                if not mid_frame or completed:
+                    # Note: set after any wait for request slots, so a client whose pipelined
+                    # requests the daemon is slow to take is not blamed for the delay.
+                    frame_started = self._loop.time()
+            budget.release(self._held - decoder.buffered)
+            self._held = decoder.buffered
+
+    async def _wait_readable(self, mid_frame: bool, frame_started: float) -> None:
+        """Return once the socket is readable; raise _Close when a timeout ends the connection."""
+        limits = self.server.settings.limits
+        while True:
+            deadline: float | None = None
+            reason = ""
+            if mid_frame:
+                deadline, reason = frame_started + limits.read_timeout, "read_timeout"
+            elif limits.idle_timeout and self._idle():
+                deadline, reason = self._last_active + limits.idle_timeout, "idle"
+            now = self._loop.time()
+            if deadline is not None and now >= deadline:
+                raise self._timeout(reason)
+            if await self._readable(None if deadline is None else deadline - now):
+                return
+
+    def _idle(self) -> bool:
+        """Whether the idle timeout applies now (Note [idle connections])."""
+        return self._in_flight == 0 and not self.server.store.leases.held_by(self.ident)
+
+    async def _readable(self, timeout: float | None) -> bool:
+        """True when the socket is readable; False after ``timeout`` or a request finishing."""
+        waiter: asyncio.Future[bool] = self._loop.create_future()
+
+        def ready() -> None:
+            if not waiter.done():
+                waiter.set_result(True)
+
+        fd = self.sock.fileno()
+        self._waiter = waiter
+        self._loop.add_reader(fd, ready)
+        try:
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
+            return False
+        finally:
+            self._loop.remove_reader(fd)
+            self._waiter = None
+
+    def _wake(self) -> None:
+        """A request finished: the reader re-checks whether the idle timeout applies."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(False)
+
+    def _timeout(self, reason: str) -> _Close:
+        limits = self.server.settings.limits
+        if reason == "idle":
+            t = limits.idle_timeout
+            return _Close(
+                reason,
+                Unavailable(
+                    f"connection closed after {t:g} s without requests or leases "
+                    "(--idle-timeout); reconnect when you need the store"
+                ),
+                f"was idle for {t:g} s without leases or requests",
+            )
+        t = limits.read_timeout
+        return _Close(
+            reason,
+            Timeout(
+                f"a request frame started arriving but was not complete within {t:g} s "
+                "(--read-timeout); send each frame whole"
+            ),
+            f"left a frame incomplete for {t:g} s",
+        )
+
+    async def _close_with(self, close: _Close) -> None:
+        """Count, log (rate-limited per uid) and announce why the daemon closes the connection."""
+        metrics = self.server.metrics
+        metrics.connections_closed.labels(close.reason).inc()
+        metrics.errors.labels(close.error.code).inc()
+        if close.reason == "protocol":
+            metrics.protocol_errors.labels(str(close.error.details.get("reason", "other"))).inc()
+        self.server.peer_log.log(
+            logging.INFO if close.reason == "idle" else logging.WARNING,
+            self.peer.uid,
+            "client pid %d (uid %d) %s; connection closed",
+            self.peer.pid,
+            self.peer.uid,
+            close.what,
+        )
+        await self._send_quietly({"id": None, "ok": False, "error": close.error.to_dict()})
+
+    def _start(self, message: dict[str, Any]) -> None:
+        self._in_flight += 1
+        task = spawn(self._handle(message), f"request {message.get('op')!r} of {self.ident}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, message: dict[str, Any]) -> None:
         rid = message.get("id")
+        valid_id = isinstance(rid, int) and not isinstance(rid, bool)
         reply: Reply | None = None
         try:
-            reply = await self._answer(message, rid)
-            frame: dict[str, Any] = {"id": rid, "ok": True, "result": reply.result}
-            fds: Sequence[int] = reply.fds
-        except TrimsError as e:
-            self.server.metrics.errors.labels(e.code).inc()
-            valid_id = isinstance(rid, int) and not isinstance(rid, bool)
-            frame, fds = {"id": rid if valid_id else None, "ok": False, "error": e.to_dict()}, ()
-        try:
-            await self.send(frame, fds)
-        except (ConnectionError, OSError) as e:
-            log.info(
-                "reply to pid %d not delivered (%s); its connection is closing",
-                self.caller.peer.pid,
-                e,
-            )
+            try:
+                reply = await self._answer(message, rid)
+                frame: dict[str, Any] = {"id": rid, "ok": True, "result": reply.result}
+                fds: Sequence[int] = reply.fds
+            except TrimsError as e:
+                self.server.metrics.errors.labels(e.code).inc()
+                frame, fds = (
+                    {"id": rid if valid_id else None, "ok": False, "error": e.to_dict()},
+                    (),
+                )
+            await self._reply(frame, fds)
         finally:
             if reply is not None and reply.close_fds:
                 for fd in reply.fds:
                     os.close(fd)
+            self._in_flight -= 1
+            self._last_active = self._loop.time()
             self._slots.release()
+            self._wake()
+
+    async def _reply(self, frame: dict[str, Any], fds: Sequence[int]) -> None:
+        try:
+            try:
+                await self.send(frame, fds)
+            except ProtocolError as e:
+                # The reply itself breaks the frame limits (e.g. a gigantic manifest).
+                log.error("reply to pid %d cannot be framed (%s); sent an error", self.peer.pid, e)
+                error = TrimsError(f"the reply cannot be sent ({e.message}); see the daemon log")
+                await self.send({"id": frame.get("id"), "ok": False, "error": error.to_dict()})
+        except (ConnectionError, OSError) as e:
+            log.info(
+                "reply to pid %d not delivered (%s); its connection is closing", self.peer.pid, e
+            )
 
     async def _answer(self, message: dict[str, Any], rid: object) -> Reply:
         """Dispatch one request; any failure comes out as a TrimsError."""
@@ -177,7 +384,7 @@ class Connection:
         except (asyncio.CancelledError, TrimsError):
             raise
         except Exception as e:
-            log.exception("request %r of pid %d failed", message.get("op"), self.caller.peer.pid)
+            log.exception("request %r of pid %d failed", message.get("op"), self.peer.pid)
             # Only the store's owner sees the cause: it may name host paths.
             cause = f": {e}" if self.caller.admin else ""
             raise TrimsError(
@@ -186,11 +393,11 @@ class Connection:
 
     def _progress(self, rid: int, pending: list[asyncio.Task[None]]) -> Progress:
         """A thread-safe progress callback that sends throttled progress frames."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         last_stage, last_at = [""], [0.0]
 
         def schedule(frame: dict[str, Any]) -> None:
-            pending.append(asyncio.create_task(self._send_quietly(frame)))
+            pending.append(spawn(self._send_quietly(frame), f"progress of request {rid}"))
 
         def report(stage: str, done: int, total: int | None) -> None:
             now = time.monotonic()
@@ -226,20 +433,19 @@ class Connection:
                 data = data[sent:]
 
     async def _writable(self) -> None:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
+        ready: asyncio.Future[None] = self._loop.create_future()
 
         def wake() -> None:
             if not ready.done():
                 ready.set_result(None)
 
-        loop.add_writer(self.sock.fileno(), wake)
+        self._loop.add_writer(self.sock.fileno(), wake)
         try:
             await asyncio.wait_for(ready, SEND_TIMEOUT)
         except TimeoutError as e:
             raise ConnectionError(f"peer did not read for {SEND_TIMEOUT:.0f} s") from e
         finally:
-            loop.remove_writer(self.sock.fileno())
+            self._loop.remove_writer(self.sock.fileno())
 
 
 class Server:
@@ -249,6 +455,17 @@ class Server:
         self.settings = settings
         self.store = store
         self.metrics = metrics
+        limits = settings.limits
+        #: Slots per socket: the store socket's (False) and the admin socket's own (True).
+        self._slots = {
+            False: ConnectionSlots(limits.max_connections, limits.max_connections_per_uid),
+            True: ConnectionSlots(limits.max_admin_connections, None),
+        }
+        self.read_budget = ReadBudget(limits.read_buffer_total)
+        self.peer_log = PeerLog(
+            log, limits.peer_log_burst, limits.peer_log_interval, metrics.log_suppressed.inc
+        )
+        metrics.read_buffer_bytes.set_function(lambda: self.read_budget.used)
         self._listeners: list[tuple[socket.socket, Path]] = []
         self._accepting: list[asyncio.Task[None]] = []
         self._connections: dict[int, asyncio.Task[None]] = {}
@@ -264,12 +481,11 @@ class Server:
         ):
             sock = _bind(path, mode, group)
             self._listeners.append((sock, path))
-            self._accepting.append(
-                asyncio.create_task(self._accept(sock, admin), name=f"accept {path.name}")
-            )
+            self._accepting.append(spawn(self._accept(sock, admin), f"accept {path.name}"))
 
     async def _accept(self, listener: socket.socket, admin: bool) -> None:
         loop = asyncio.get_running_loop()
+        slots = self._slots[admin]
         while True:
             try:
                 sock, _ = await loop.sock_accept(listener)
@@ -282,19 +498,51 @@ class Server:
                 )
                 await asyncio.sleep(ACCEPT_RETRY)
                 continue
-            sock.setblocking(False)
-            if len(self._connections) >= MAX_CONNECTIONS:
-                await self._refuse(sock)
+            try:
+                sock.setblocking(False)
+                peer = peer_credentials(sock)
+            except OSError as e:
+                log.info("a connection ended before it could be served (%s)", e)
+                sock.close()
                 continue
+            refusal = slots.refusal(peer.uid)
+            if refusal is not None:
+                self._refuse(sock, peer, admin, refusal)
+                continue
+            slots.take(peer.uid)
             ident = next(self._ids)
-            conn = Connection(self, sock, ident, admin)
-            task = asyncio.create_task(self._run(conn, ident), name=f"connection {ident}")
-            self._connections[ident] = task
+            conn = Connection(self, sock, ident, admin, peer)
+            self._connections[ident] = spawn(self._run(conn, slots), f"connection {ident}")
 
-    async def _refuse(self, sock: socket.socket) -> None:
-        error = QueueFull(
-            f"the daemon serves at most {MAX_CONNECTIONS} connections; retry later or close "
-            "idle clients"
+    def _refuse(self, sock: socket.socket, peer: PeerCredentials, admin: bool, limit: str) -> None:
+        """Answer a connection over a limit with an error naming it, then close it."""
+        limits = self.settings.limits
+        if admin:
+            limit = "admin"
+            text = (
+                f"the admin socket serves at most {limits.max_admin_connections} connections at "
+                "once (--max-admin-connections); close other admin clients and retry"
+            )
+        elif limit == "per_uid":
+            text = (
+                f"uid {peer.uid} already holds {limits.max_connections_per_uid} connections to "
+                "the store socket, the most one uid may hold (--max-connections-per-uid); "
+                "close idle connections of this uid or raise the limit"
+            )
+        else:
+            text = (
+                f"the store socket serves at most {limits.max_connections} connections at once "
+                "(--max-connections); retry later, close idle clients or raise the limit"
+            )
+        error = QueueFull(text, limit=limit)
+        self.metrics.connections_refused.labels(limit).inc()
+        self.metrics.errors.labels(error.code).inc()
+        self.peer_log.warning(
+            peer.uid,
+            "refused a connection of pid %d (uid %d): %s limit reached",
+            peer.pid,
+            peer.uid,
+            limit,
         )
         try:
             sock.send(encode_frame({"id": None, "ok": False, "error": error.to_dict()}))
@@ -302,18 +550,19 @@ class Server:
             pass
         sock.close()
 
-    async def _run(self, conn: Connection, ident: int) -> None:
+    async def _run(self, conn: Connection, slots: ConnectionSlots) -> None:
         self.store.connections += 1
         try:
             await conn.serve()
         finally:
+            # Note: no await from here on, so the slot is free before a waiting accept runs.
+            slots.give(conn.peer.uid)
+            conn.sock.close()
             self.store.connections -= 1
-            ended = self.store.end_connection(ident)
+            ended = self.store.end_connection(conn.ident)
             if ended:
-                log.info(
-                    "client pid %d disconnected; its %d lease(s) ended", conn.caller.peer.pid, ended
-                )
-            del self._connections[ident]
+                log.info("client pid %d disconnected; its %d lease(s) ended", conn.peer.pid, ended)
+            del self._connections[conn.ident]
 
     async def close(self) -> None:
         for task in self._accepting:
@@ -329,3 +578,4 @@ class Server:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.peer_log.close()

@@ -2,11 +2,13 @@
 
 Runs on the daemon's event loop. Operations resolve a model in the catalog, ask the residency
 (:mod:`trims.daemon.residency`) for a copy in the wanted tier, and lease it to the caller's
-connection.
+connection. Adding and removing follow Note [commit protocol]; a client sees, lists and
+acquires only the models its access list lets it (Note [access without leaks]).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -16,16 +18,15 @@ from typing import Any
 
 from trims import __version__
 from trims.config import DaemonSettings, format_size
-from trims.daemon.catalog import AccessList, Catalog, ModelRecord
+from trims.daemon.catalog import AccessList, Catalog, ModelRecord, not_found
+from trims.daemon.crashpoints import arm, crashpoint
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.residency import MEMORY_TIERS, TIERS, Progress, Residency
 from trims.daemon.tiers.gpu import GpuTier
 from trims.errors import (
-    AlreadyExists,
     CorruptModel,
     NotFound,
-    PermissionDenied,
     QueueFull,
     ValidationError,
 )
@@ -71,6 +72,7 @@ class Store:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        arm(settings.crash_point)
         settings.store_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.catalog = Catalog(settings.store_dir / "catalog.sqlite")
         self.leases = LeaseTable()
@@ -82,23 +84,56 @@ class Store:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
+    # Note [commit protocol]
+    # ~~~~~~~~~~~~~~~~~~~~~~~
+    # A model exists when, and only when, its catalog row is committed; a blob on disk is
+    # served only through a committed row that names its digest. The catalog is SQLite in
+    # WAL mode with synchronous=FULL, so a committed transaction survives a crash; the disk
+    # tier places a blob by fsync + rename + fsync of the directory. The steps, each followed
+    # by its crash point (trims.daemon.crashpoints):
+    #
+    #   add   1. catalog: insert the intent row (state pending: name, version, source,
+    #            access list; no digest yet). It reserves name:version.     "add.intent"
+    #         2. ingest: convert into tmp/, verify, rename the blob into blobs/,
+    #                                                                    "add.blob_renamed"
+    #            then its manifest.                                       "add.blob_placed"
+    #         3. catalog: one UPDATE fills in digest, framework, format, size and sets the
+    #            row committed.                                           "add.committed"
+    #         A failed add deletes its intent row and a blob no committed row names.
+    #   rm    1. catalog: delete the committed row (one transaction).     "rm.row_deleted"
+    #         2. disk: delete the blob unless another committed row names it; memory copies
+    #            go now or when their last lease ends.                    "rm.blob_removed"
+    #
+    # Recovery at start (Store.start), before the sockets open, in this order:
+    #   a. delete tmp/ (partial downloads, conversions, manifests) and half-placed entries
+    #      (a blob without its manifest, a manifest without its blob);
+    #   b. roll back every pending row: its add never committed, so the model is absent;
+    #   c. delete every blob that no committed row names (an add that crashed after placing
+    #      it, an rm that crashed before deleting it, a copy fetched for a source that had
+    #      changed), logging its digest and why. Nothing is registered from the disk.
+    # A crash at any instruction therefore leaves each model either absent or fully present
+    # with its source and access list; tests/daemon/test_crash_safety.py kills the daemon at
+    # every crash point and checks exactly that.
+
     def start(self) -> None:
-        """Start-up recovery: drop disk temps, register disk blobs the catalog lacks."""
+        """Start-up recovery (Note [commit protocol]); fails closed."""
         removed = self.res.disk.cleanup_temps()
         if removed:
             log.info("removed %d unfinished temp file(s) from the disk tier", removed)
-        known = {r.digest for r in self.catalog.all()}
+        for key in self.catalog.rollback_pending():
+            log.warning(
+                "model %s: its add was interrupted before it committed; rolled back (the model "
+                "is absent: add it again)",
+                key,
+            )
+        committed = {r.digest for r in self.catalog.all()}
         for digest in self.res.disk.digests():
-            if digest in known:
-                continue
-            try:
-                m = self.res.disk.manifest(digest)
-                self.catalog.check_free(m.name, m.version)
-            except (CorruptModel, ValidationError, AlreadyExists) as e:
-                log.warning("disk blob %s left unregistered: %s", digest[:12], e)
-                continue
-            self.catalog.add(self._record_from_manifest(m, source=""))
-            log.info("model %s:%s registered from the disk tier", m.name, m.version)
+            if digest not in committed:
+                self.res.drop_disk_copy(
+                    digest,
+                    "no committed catalog entry names it (an add or remove was interrupted); "
+                    "it is never served",
+                )
         missing = [r.key for r in self.catalog.all() if not self.res.disk.contains(r.digest)]
         if missing:
             log.warning(
@@ -131,13 +166,39 @@ class Store:
             access=access or AccessList(),
         )
 
-    def _resolve(self, name: str, version: str | None, digest: str | None) -> ModelRecord:
+    # Note [access without leaks]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A model with an access list exists only for the peers it lets in: for anyone else,
+    # info and acquire answer the same NotFound as for an absent model, and list leaves it
+    # out, so neither its name nor its digest nor its tensors leak. A peer is let in by its
+    # uid, its primary gid or any supplementary group (SO_PEERGROUPS, taken at connect
+    # time). The admin socket (owner or root) sees and acquires everything.
+
+    @staticmethod
+    def _visible(caller: Caller, record: ModelRecord) -> bool:
+        peer = caller.peer
+        return caller.admin or record.access.allows(peer.uid, (peer.gid, *peer.groups))
+
+    def _resolve(
+        self, caller: Caller, name: str, version: str | None, digest: str | None = None
+    ) -> ModelRecord:
+        """The record the caller names, NotFound when it is absent or not visible to them."""
         if digest is None:
-            return self.catalog.get(name, version)
-        for r in self.catalog.by_digest(digest):
-            if r.name == name and version in (None, r.version):
-                return r
-        raise NotFound(f"model {name} has no version with digest {digest[:12]}")
+            record = self.catalog.get(name, version)
+        else:
+            found = [
+                r
+                for r in self.catalog.by_digest(digest)
+                if r.name == name and version in (None, r.version)
+            ]
+            if not found:
+                raise NotFound(f"model {name} has no version with digest {digest[:12]}")
+            record = found[0]
+        if not self._visible(caller, record):
+            if digest is not None:
+                raise NotFound(f"model {name} has no version with digest {digest[:12]}")
+            raise not_found(name, version)
+        return record
 
     async def _manifest(self, record: ModelRecord) -> Manifest:
         """The record's manifest (fetching the layout again if its disk copy is gone)."""
@@ -162,6 +223,20 @@ class Store:
         self.res.update_gauges()
         self.metrics.leases.set(len(self.leases))
         self.metrics.connections.set(self.connections)
+
+    def _remove_strays(self, names: set[str]) -> None:
+        """Delete blobs made for ``names`` that no committed row names (e.g. a copy fetched
+        after the source changed), unless an add of that name is placing one right now."""
+        busy = self.catalog.pending_names()
+        for digest in self.res.disk.digests():
+            if self.catalog.by_digest(digest):
+                continue
+            try:
+                owner = self.res.disk.manifest(digest).name
+            except (NotFound, CorruptModel):
+                owner = None
+            if owner is None or (owner in names and owner not in busy):
+                self.res.drop_disk_copy(digest, f"left over from model {owner or '?'}")
 
     def model_dict(self, r: ModelRecord, *, admin: bool, tensors: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -214,23 +289,13 @@ class Store:
                     f"this connection holds {MAX_LEASES_PER_CONNECTION} leases, the most one "
                     "connection may hold; release some before acquiring more"
                 )
-            record = self._resolve(name, version, digest)
-            if not record.access.allows(caller.peer.uid, caller.peer.gid):
-                raise PermissionDenied(
-                    f"uid {caller.peer.uid} / gid {caller.peer.gid} may not acquire model "
-                    f"{record.key}; ask the store's owner to add you to its access list"
-                )
+            record = self._resolve(caller, name, version, digest)
             manifest = await self._manifest(record)
             disk_copy = self.res.disk_ledger.residents.get(record.digest)
             if disk_copy is not None:
                 disk_copy.touch()
             if tier == "disk":
-                await self.res.ensure_disk(record)
-                await self.res.verify_disk(record)
-                try:
-                    fd = os.open(self.res.disk.path(record.digest), os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError as e:
-                    raise NotFound(f"model {record.key} was removed while it was acquired") from e
+                fd = await self.res.open_verified(record)
                 handle: dict[str, Any] = {"kind": "file", "size": record.total_bytes}
                 fds: tuple[int, ...] = (fd,)
                 close = True
@@ -290,13 +355,12 @@ class Store:
             self.res.evict(tier, resident, "its model was removed and its last lease ended")
 
     def info(self, caller: Caller, name: str, version: str | None) -> Reply:
-        record = self.catalog.get(name, version)
+        record = self._resolve(caller, name, version)
         return Reply({"model": self.model_dict(record, admin=caller.admin, tensors=True)})
 
     def list(self, caller: Caller) -> Reply:
-        return Reply(
-            {"models": [self.model_dict(r, admin=caller.admin) for r in self.catalog.all()]}
-        )
+        visible = [r for r in self.catalog.all() if self._visible(caller, r)]
+        return Reply({"models": [self.model_dict(r, admin=caller.admin) for r in visible]})
 
     def stats(self, caller: Caller) -> Reply:
         tiers: dict[str, Any] = {}
@@ -401,11 +465,23 @@ class Store:
         access: AccessList,
         progress: Progress | None,
     ) -> Reply:
-        self.catalog.check_free(name, version)
-        manifest = await self.res.ingest_with_room(source, name, version, fmt, sha256, progress)
-        record = self._record_from_manifest(manifest, source=source, access=access)
-        record = dataclasses.replace(record, name=name, version=version)
-        self.catalog.add(record)
+        """Add a model by Note [commit protocol]."""
+        self.catalog.begin_add(name, version, source, access)
+        crashpoint("add.intent")
+        ingest = asyncio.ensure_future(
+            self.res.ingest_with_room(source, name, version, fmt, sha256, progress)
+        )
+        try:
+            manifest = await asyncio.shield(ingest)
+            crashpoint("add.blob_placed")
+            record = self._record_from_manifest(manifest, source=source, access=access)
+            record = dataclasses.replace(record, name=name, version=version)
+            self.catalog.commit_add(record)
+        except BaseException:
+            self.catalog.abort_add(name, version)
+            ingest.add_done_callback(self._drop_abandoned)
+            raise
+        crashpoint("add.committed")
         self._manifests[manifest.digest] = manifest
         self.res.mark_verified(manifest.digest)
         self._update_gauges()
@@ -414,6 +490,15 @@ class Store:
         )
         return Reply({"model": self.model_dict(record, admin=True)})
 
+    def _drop_abandoned(self, ingest: asyncio.Future[Manifest]) -> None:
+        """A failed or cancelled add's ingest ended: delete its blob unless a row names it."""
+        if ingest.cancelled() or ingest.exception() is not None:
+            return
+        digest = ingest.result().digest
+        if not self.catalog.by_digest(digest):
+            self.res.drop_disk_copy(digest, "its add failed before it committed")
+            self._update_gauges()
+
     def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> Reply:
         records = (
             [self.catalog.get(name, version)]
@@ -421,7 +506,7 @@ class Store:
             else [r for r in self.catalog.all() if r.name == name]
         )
         if not records:
-            raise NotFound(f"model {name} is not in the store")
+            raise not_found(name, None)
         for r in records:
             leased = sum(self.leases.count(t, r.digest) for t in TIERS)
             if leased and not force:
@@ -431,6 +516,8 @@ class Store:
                 )
         for r in records:
             self.catalog.remove(r.name, r.version)
+            crashpoint("rm.row_deleted")
+            log.info("model %s removed from the store", r.key)
             if self.catalog.by_digest(r.digest):
                 continue
             for t in MEMORY_TIERS:
@@ -440,8 +527,9 @@ class Store:
             if self.res.disk.contains(r.digest):
                 self.res.disk.remove(r.digest)
                 self.res.sync_disk_ledger()
+                crashpoint("rm.blob_removed")
             self._manifests.pop(r.digest, None)
             self.res.forget(r.digest)
-            log.info("model %s removed from the store", r.key)
+        self._remove_strays({r.name for r in records})
         self._update_gauges()
         return Reply({"removed": [r.key for r in records]})

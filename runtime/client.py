@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -110,6 +111,8 @@ class _Connection:
     ) -> tuple[dict[str, Any], list[int], int]:
         """Send one request and wait for its final reply: (result, fds, connection generation)."""
         with self.lock:
+            if self.sock is not None and _closed_by_peer(self.sock):
+                self._drop()
             sock = self.sock or self._connect()
             result, fds = self._exchange(sock, op, args, progress, timeout or self.timeout)
             return result, fds, self.generation
@@ -134,6 +137,13 @@ class _Connection:
             send_frame(sock, {"id": rid, "op": str(op), "args": args})
             while True:
                 message, fds = recv_frame(sock)
+                if message.get("id") is None and isinstance(message.get("error"), dict):
+                    # The daemon closes the connection with an unsolicited error (an idle
+                    # connection without leases, a limit): nothing more will come on it.
+                    for fd in fds:
+                        os.close(fd)
+                    self._drop()
+                    raise error_from_dict(message["error"])
                 if message.get("id") != rid:
                     for fd in fds:
                         os.close(fd)
@@ -168,6 +178,17 @@ class _Connection:
             os.close(fd)
         error = message.get("error")
         raise error_from_dict(error if isinstance(error, dict) else {})
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the daemon has spoken or hung up on an idle connection between requests.
+
+    Between requests nothing is due, so a readable socket means the daemon closed it (an idle
+    connection without leases, Note [idle connections] in ``trims.daemon.server``). Such a
+    connection held no leases, so a fresh one loses nothing.
+    """
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
 
 
 def _report(progress: Progress | None, body: Any) -> None:
@@ -408,11 +429,14 @@ class StoreClient:
         except Unavailable:
             log.info("lease %s ended with the daemon connection; nothing to release", lease_id)
 
-    def info(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return dict(self._call(Op.INFO, {"name": name, "version": version}).get("model") or {})
+    def info(self, name: str, version: str | None = None, *, admin: bool = False) -> dict[str, Any]:
+        """One model; ``admin`` asks over the admin socket, which adds source and access list."""
+        args = {"name": name, "version": version}
+        return dict(self._call(Op.INFO, args, admin=admin).get("model") or {})
 
-    def list(self) -> list[dict[str, Any]]:
-        return list(self._call(Op.LIST, {}).get("models") or [])
+    def list(self, *, admin: bool = False) -> list[dict[str, Any]]:
+        """The models this client may acquire (all of them, with access lists, if ``admin``)."""
+        return list(self._call(Op.LIST, {}, admin=admin).get("models") or [])
 
     def stats(self) -> dict[str, Any]:
         return self._call(Op.STATS, {})
@@ -430,7 +454,11 @@ class StoreClient:
         access: dict[str, Sequence[int]] | None = None,
         progress: Progress | None = None,
     ) -> dict[str, Any]:
-        """Ingest a model from a local path or an http(s):// / s3:// URL."""
+        """Ingest a model from a local path or an http(s):// / s3:// URL.
+
+        ``access`` ({"uids": [...], "gids": [...]}, numeric ids) limits who may see and acquire
+        it; None leaves it open to everyone who can reach the store socket.
+        """
         text = str(source)
         if "://" not in text:
             text = str(Path(text).expanduser().resolve())

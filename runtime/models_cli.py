@@ -2,7 +2,8 @@
 
 Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr)
 from the daemon's progress frames. Admin actions go over the admin socket beside the store
-socket, so they work only for the store's owner.
+socket, so they work only for the store's owner; ``ls`` and ``info`` use it when they can, to
+show every model with its source and access list (``add --allow-uid/--allow-gid``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trims.config import default_socket, format_size
+from trims.config import admin_socket_for, default_socket, format_size
 
 TIERS = ("cpu", "gpu", "disk")
 
@@ -59,6 +60,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--version", help="version to register (default: 1)")
     p.add_argument("--format", dest="fmt", choices=("safetensors", "torch", "onnx", "mxnet"))
     p.add_argument("--sha256", help="expected sha256 of the source file")
+    p.add_argument(
+        "--allow-uid",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="only this user (name or uid) may see and acquire it; repeatable",
+    )
+    p.add_argument(
+        "--allow-gid",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="members of this group (name or gid, supplementary groups count) too; repeatable",
+    )
     action("ls", "list models")
     action("stats", "tier usage, budgets and live leases")
     _model_args(action("info", "one model's details and tensors"))
@@ -96,6 +111,45 @@ class ProgressBars:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _resolve_id(kind: str, text: str) -> int:
+    """A uid/gid from a number or a user/group name (looked up here, on the client)."""
+    import grp
+    import pwd
+
+    from trims.errors import ValidationError
+
+    if text.isdigit():
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid if kind == "uid" else grp.getgrnam(text).gr_gid
+    except KeyError:
+        what = "user" if kind == "uid" else "group"
+        raise ValidationError(
+            f"--allow-{kind} {text!r}: no {what} of that name on this host; give a number or "
+            f"an existing {what}"
+        ) from None
+
+
+def access_list(uids: Sequence[str], gids: Sequence[str]) -> dict[str, list[int]] | None:
+    """The ``access`` argument of ``add`` from --allow-uid/--allow-gid; None when both empty."""
+    if not uids and not gids:
+        return None
+    return {
+        "uids": sorted({_resolve_id("uid", u) for u in uids}),
+        "gids": sorted({_resolve_id("gid", g) for g in gids}),
+    }
+
+
+def _access_text(access: dict[str, Any] | None) -> str:
+    if access is None:
+        return "-"
+    uids, gids = access.get("uids") or [], access.get("gids") or []
+    if not uids and not gids:
+        return "everyone"
+    parts = [f"uid {u}" for u in uids] + [f"gid {g}" for g in gids]
+    return ", ".join(parts)
 
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -141,6 +195,7 @@ def _info_text(model: dict[str, Any]) -> str:
             ("pinned", ", ".join(model.get("pins", [])) or "-"),
             ("leases", model.get("leases", 0)),
             ("source", model.get("source", "-")),
+            ("access", _access_text(model.get("access"))),
         )
     ]
     tensors = (model.get("manifest") or {}).get("tensors") or []
@@ -183,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     bars = ProgressBars(settings.progress)
+    # The store's owner sees every model with its source and access list (admin socket);
+    # anyone else sees the models they may acquire.
+    admin = os.access(admin_socket_for(settings.socket), os.R_OK | os.W_OK)
     with StoreClient(settings.socket, timeout=settings.timeout, client_name="trims models") as c:
         action = args.action
         try:
@@ -193,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
                     version=args.version,
                     fmt=args.fmt,
                     sha256=args.sha256,
+                    access=access_list(args.allow_uid, args.allow_gid),
                     progress=bars,
                 )
                 bars.close()
@@ -200,11 +259,11 @@ def run(args: argparse.Namespace) -> int:
                     settings, model, lambda m: f"added {m['name']}:{m['version']}\n{_info_text(m)}"
                 )
             elif action == "ls":
-                _emit(settings, c.list(), _models_table)
+                _emit(settings, c.list(admin=admin), _models_table)
             elif action == "stats":
                 _emit(settings, c.stats(), _stats_text)
             elif action == "info":
-                _emit(settings, c.info(args.name, args.version), _info_text)
+                _emit(settings, c.info(args.name, args.version, admin=admin), _info_text)
             elif action == "rm":
                 removed = c.remove(args.name, args.version, force=args.force)
                 _emit(

@@ -12,10 +12,17 @@ Frame
     │"TRIM"│version │ flags  │ nfds u16 │ length u32     │ JSON payload (UTF-8) │
     └──────┴────────┴────────┴──────────┴────────────────┴──────────────────────┘
 
-All integers are big-endian. ``length`` is bounded by ``MAX_FRAME`` and ``nfds`` by ``MAX_FDS``;
-a frame that breaks either is a :class:`ProtocolError` and the connection is closed after an
-error reply. When ``nfds > 0`` the descriptors travel as SCM_RIGHTS ancillary data attached to
-the first byte of the header, so a reader that reads the header with ``recvmsg`` gets them.
+All integers are big-endian. ``length`` is bounded by ``MAX_FRAME`` for replies and by the much
+smaller ``MAX_REQUEST_FRAME`` for requests (the daemon reads requests with that limit), and
+``nfds`` by ``MAX_FDS`` (requests carry none); a frame that breaks either is a
+:class:`ProtocolError` and the connection is closed after an error reply. When ``nfds > 0`` the
+descriptors travel as SCM_RIGHTS ancillary data attached to the first byte of the header, so a
+reader that reads the header with ``recvmsg`` gets them.
+
+The payload is strict JSON: UTF-8, an object at the top, nested at most ``MAX_DEPTH`` deep,
+integers of at most ``MAX_INT_DIGITS`` digits, no ``NaN``/``Infinity`` and no float that
+overflows to infinity. Every way a frame can break these rules is a :class:`ProtocolError`
+(with ``details["reason"]``, one of :data:`DECODE_REASONS`), never another exception.
 
 Messages
 --------
@@ -64,8 +71,11 @@ and release models but never administer the store.
 from __future__ import annotations
 
 import array
+import itertools
 import json
+import math
 import os
+import re
 import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -79,10 +89,33 @@ MAGIC = b"TRIM"
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!4sBBHI")
 HEADER_SIZE = HEADER.size
-#: Largest payload accepted, in bytes (a manifest of ~100k tensors fits).
+#: Largest payload accepted, in bytes (a manifest of ~100k tensors fits). Replies use it.
 MAX_FRAME = 16 << 20
+#: Largest request payload the daemon reads, in bytes. The largest legitimate request is an
+#: ``add`` with a 4096-character source and an access list; 64 KiB leaves room for that and keeps
+#: what one connection can make the daemon buffer small.
+MAX_REQUEST_FRAME = 64 << 10
 #: Most descriptors one frame may carry.
 MAX_FDS = 16
+#: Deepest nesting of arrays/objects in a payload. Messages nest 4-5 levels; 32 leaves room
+#: and keeps the parser (and anything walking the result) far from Python's recursion limit.
+MAX_DEPTH = 32
+#: Most digits of one JSON integer. 64-bit values have at most 20; a 5,000-digit number costs
+#: quadratic time to convert and is refused instead.
+MAX_INT_DIGITS = 32
+#: The ``details["reason"]`` of every ProtocolError raised while decoding (metric labels).
+DECODE_REASONS = (
+    "header",
+    "magic",
+    "version",
+    "length",
+    "fds",
+    "encoding",
+    "json",
+    "depth",
+    "number",
+    "type",
+)
 
 
 #: Progress callback of long operations: (stage, done_bytes, total_bytes or None). The daemon
@@ -129,52 +162,127 @@ class FrameHeader:
     length: int
 
 
-def decode_header(data: bytes) -> FrameHeader:
-    """Parse and bound-check a 12-byte header."""
+def _bad(reason: str, message: str) -> ProtocolError:
+    return ProtocolError(message, reason=reason)
+
+
+def decode_header(data: bytes, max_length: int = MAX_FRAME, max_fds: int = MAX_FDS) -> FrameHeader:
+    """Parse and bound-check a 12-byte header (``max_*`` lower the limits, e.g. for requests)."""
     if len(data) != HEADER_SIZE:
-        raise ProtocolError(f"frame header must be {HEADER_SIZE} bytes, got {len(data)}")
+        raise _bad("header", f"frame header must be {HEADER_SIZE} bytes, got {len(data)}")
     magic, version, flags, nfds, length = HEADER.unpack(data)
     if magic != MAGIC:
-        raise ProtocolError(f"bad frame magic {magic!r}: this socket speaks the trims protocol")
+        raise _bad("magic", f"bad frame magic {magic!r}: this socket speaks the trims protocol")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(
+        raise _bad(
+            "version",
             f"protocol version {version} is not supported (this side speaks "
-            f"{PROTOCOL_VERSION}); use matching trims versions for daemon and client"
+            f"{PROTOCOL_VERSION}); use matching trims versions for daemon and client",
         )
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame length {length} exceeds the limit of {MAX_FRAME} bytes")
-    if nfds > MAX_FDS:
-        raise ProtocolError(f"frame announces {nfds} descriptors; the limit is {MAX_FDS}")
+    if length > max_length:
+        raise _bad("length", f"frame length {length} exceeds the limit of {max_length} bytes")
+    if nfds > max_fds:
+        raise _bad("fds", f"frame announces {nfds} descriptors; the limit is {max_fds}")
     return FrameHeader(version, flags, nfds, length)
 
 
-def decode_payload(data: bytes) -> dict[str, Any]:
+#: A JSON string (valid JSON only: elsewhere the parser fails anyway), for the depth scan.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+#: Opening brackets step +1, closing ones -1 (as signed bytes).
+_BRACKET_STEPS = str.maketrans("[{]}", "\x01\x01\xff\xff")
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays/objects nest in ``text`` (a JSON document), without parsing it.
+
+    Strings are skipped, so brackets inside them do not count. Linear time, no recursion.
+    """
+    opening = text.count("[") + text.count("{")
+    if opening <= 1:
+        return opening
+    brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
+    steps = array.array("b", brackets.translate(_BRACKET_STEPS).encode("latin-1"))
+    return max(itertools.accumulate(steps), default=0)
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _bad("number", f"an integer of {digits} digits exceeds {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _bad("number", f"number {text[:40]!r} does not fit a finite float")
+    return value
+
+
+def _parse_constant(name: str) -> float:
+    raise _bad("number", f"{name} is not JSON; send finite numbers only")
+
+
+def decode_payload(data: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """The message of one payload; every way it can be malformed is a ProtocolError."""
     try:
-        message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"frame payload is not valid UTF-8 JSON: {e}") from e
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _bad("encoding", f"frame payload is not valid UTF-8: {e}") from e
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise _bad("depth", f"frame payload nests {depth} levels deep; the limit is {max_depth}")
+    try:
+        message = json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+        )
+    except ProtocolError:
+        raise
+    except RecursionError as e:
+        raise _bad("depth", "frame payload nests too deep to parse") from e
+    except ValueError as e:
+        raise _bad("json", f"frame payload is not valid JSON: {e}") from e
     if not isinstance(message, dict):
-        raise ProtocolError(f"frame payload must be a JSON object, got {type(message).__name__}")
+        raise _bad("type", f"frame payload must be a JSON object, got {type(message).__name__}")
     return message
 
 
 class FrameDecoder:
-    """Incremental decoder for a byte stream (used by the asyncio server, which gets no fds)."""
+    """Incremental decoder for a byte stream (used by the asyncio server, which gets no fds).
 
-    def __init__(self) -> None:
+    Memory stays bounded: the header is checked as soon as its 12 bytes are in, so a frame
+    longer than ``max_length`` is refused before any of its payload is buffered, and the buffer
+    never holds more than one partial frame plus the bytes of the last ``feed``.
+    """
+
+    def __init__(
+        self, max_length: int = MAX_FRAME, max_fds: int = MAX_FDS, max_depth: int = MAX_DEPTH
+    ) -> None:
         self._buf = bytearray()
+        self._max_length = max_length
+        self._max_fds = max_fds
+        self._max_depth = max_depth
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame that has started arriving but is not complete (0 between frames)."""
+        return len(self._buf)
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Add bytes; yield every complete message. Raises ProtocolError on a bad frame."""
         self._buf += data
         while len(self._buf) >= HEADER_SIZE:
-            header = decode_header(bytes(self._buf[:HEADER_SIZE]))
+            header = decode_header(bytes(self._buf[:HEADER_SIZE]), self._max_length, self._max_fds)
             end = HEADER_SIZE + header.length
             if len(self._buf) < end:
                 return
             payload = bytes(self._buf[HEADER_SIZE:end])
             del self._buf[:end]
-            yield decode_payload(payload)
+            yield decode_payload(payload, self._max_depth)
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -243,14 +351,47 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 @dataclass(frozen=True)
 class PeerCredentials:
-    """Who is on the other end of a Unix socket (SO_PEERCRED), taken at connect time."""
+    """Who is on the other end of a Unix socket, taken at connect time: pid, uid and primary
+    gid (SO_PEERCRED) and the supplementary groups (SO_PEERGROUPS)."""
 
     pid: int
     uid: int
     gid: int
+    groups: tuple[int, ...] = ()
+
+
+#: SO_PEERGROUPS (Linux >= 4.13; not in the socket module): the peer's supplementary groups
+#: as they were at connect(), an array of gid_t.
+SO_PEERGROUPS = 59
+#: NGROUPS_MAX on Linux: the most supplementary groups a process can have.
+_NGROUPS_MAX = 65536
 
 
 def peer_credentials(sock: socket.socket) -> PeerCredentials:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return PeerCredentials(pid, uid, gid)
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("i2I"))
+    pid, uid, gid = struct.unpack("i2I", raw)
+    return PeerCredentials(pid, uid, gid, _peer_groups(sock, pid))
+
+
+def _peer_groups(sock: socket.socket, pid: int) -> tuple[int, ...]:
+    """The peer's supplementary groups; () (primary gid only) when they cannot be known."""
+    for count in (64, _NGROUPS_MAX):
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * count)
+        except OSError as e:
+            if e.errno == 34:  # ERANGE: more groups than the buffer holds
+                continue
+            break  # ENOPROTOOPT: a kernel before 4.13
+        return tuple(array.array("I", raw[: len(raw) - len(raw) % 4]))
+    # Fallback for old kernels: /proc/<pid>/status as it is now, not as it was at connect().
+    # The peer may have changed its groups since, or exited and its pid been reused by another
+    # process: a race SO_PEERGROUPS does not have. It can only widen access to a group the
+    # process at that pid holds now; a daemon that cannot accept that should run on >= 4.13.
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return tuple(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()

@@ -24,7 +24,14 @@ from pathlib import Path
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
 from trims.errors import CorruptModel, ValidationError
-from trims.layout import DTYPE_SIZES, MAX_NDIM, Manifest, TensorSpec
+from trims.layout import (
+    DTYPE_SIZES,
+    MAX_NDIM,
+    MAX_TENSOR_NAME,
+    Manifest,
+    TensorSpec,
+    check_tensor_count,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +109,12 @@ def _read_array(r: _Reader, index: int) -> _Array | None:
     (ndim,) = r.take("<i", what)
     if (magic == V2_MAGIC and ndim == 0) or (magic == V3_MAGIC and ndim == -1):
         return None
-    if not 0 <= ndim <= MAX_NDIM:
+    if ndim < 0:
         raise CorruptModel(f"{r.source}: {what} has {ndim} dimensions")
+    if ndim > MAX_NDIM:
+        raise ValidationError(
+            f"{r.source}: {what} has {ndim} dimensions; trims stores at most {MAX_NDIM}"
+        )
     shape = r.take(f"<{ndim}q", what)
     if any(d < 0 for d in shape):
         raise CorruptModel(f"{r.source}: {what} has an unknown dimension in shape {list(shape)}")
@@ -122,6 +133,7 @@ def _parse(source: Path, view: memoryview) -> list[tuple[str, _Array]]:
         raise CorruptModel(f"{source} is not an MXNet .params file (magic {magic:#x})")
     if count > len(view) // 12:
         raise CorruptModel(f"{source} announces {count} arrays, more than its size allows")
+    check_tensor_count(count, str(source))
     arrays = [_read_array(r, i) for i in range(count)]
     (nnames,) = r.take("<Q", "the name count")
     if nnames not in (0, count):
@@ -129,6 +141,11 @@ def _parse(source: Path, view: memoryview) -> list[tuple[str, _Array]]:
     names: list[str] = []
     for i in range(nnames):
         (length,) = r.take("<Q", f"name {i}")
+        if length > MAX_TENSOR_NAME:
+            raise ValidationError(
+                f"{source}: name {i} is {length} bytes, over the limit of {MAX_TENSOR_NAME} "
+                "bytes for a tensor name; rename the array"
+            )
         start = r.skip(length, f"name {i}")
         try:
             names.append(bytes(view[start : start + length]).decode("utf-8"))

@@ -26,14 +26,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
-from trims.errors import CorruptModel, ValidationError
-from trims.layout import Manifest, TensorEntry, TensorSpec
+from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
+from trims.layout import Manifest, TensorEntry, TensorSpec, check_tensor_count
 
 if TYPE_CHECKING:
     import onnx
 
 GRAPH_TENSOR = "__onnx_graph__"
 EXTERNAL_LOCATION = "__trims__"
+#: Largest ONNX file parsed: 2 GiB, protobuf's own limit for one message. The whole file is
+#: parsed in memory, so this is checked before it is read; bigger models keep their weights
+#: in external data files, which are mapped, not parsed.
+MAX_MODEL_FILE = 2 << 30
 
 #: onnx.TensorProto.DataType value -> canonical dtype name.
 DTYPES: dict[int, str] = {
@@ -67,6 +71,15 @@ def _load(source: Path) -> onnx.ModelProto:
     import onnx
     from google.protobuf.message import DecodeError
 
+    size = source.stat().st_size
+    if size > MAX_MODEL_FILE:
+        raise PayloadTooLarge(
+            f"{source} is {size} bytes, over the limit of {MAX_MODEL_FILE} for one ONNX file "
+            "(protobuf's own limit); save the weights as external data "
+            "(`onnx.save(model, path, save_as_external_data=True)`)",
+            size=size,
+            limit=MAX_MODEL_FILE,
+        )
     try:
         return onnx.load(str(source), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as e:
@@ -256,6 +269,7 @@ def convert_onnx(
 
     model = _load(source)
     initializers = list(model.graph.initializer)
+    check_tensor_count(len(initializers) + 1, f"{source} (its initializers and the graph)")
     specs = [_spec(source, t) for t in initializers]
     total = sum(s.nbytes for s in specs)
     with (

@@ -9,14 +9,25 @@ mmapped and each tensor is streamed into place.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import struct
 from pathlib import Path
 from typing import Any
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
-from trims.errors import CorruptModel, ValidationError
-from trims.layout import DTYPE_SIZES, Manifest, TensorSpec
+from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
+from trims.layout import (
+    DTYPE_SIZES,
+    MAX_METADATA_JSON,
+    MAX_NDIM,
+    MAX_TENSORS,
+    Manifest,
+    TensorSpec,
+    check_tensor_count,
+)
+
+log = logging.getLogger(__name__)
 
 #: safetensors dtype code -> canonical dtype name.
 DTYPES: dict[str, str] = {
@@ -35,12 +46,16 @@ DTYPES: dict[str, str] = {
     "BOOL": "bool",
     "C64": "complex64",
 }
-#: Largest JSON header accepted (the reference implementation's limit is 100 MB).
-MAX_HEADER = 100_000_000
+#: Largest JSON header accepted: 32 MiB. A header describes the manifest trims serves, which is
+#: at most MAX_MANIFEST_JSON (12 MiB, see Note [manifest bounds] in trims/layout.py); twice that
+#: leaves room for whitespace and ``__metadata__``, and bounds the memory the parse takes
+#: (the reference implementation allows 100 MB).
+MAX_HEADER = 32 << 20
 
 
 def _tensor_table(source: Path, header: dict[str, Any], data_len: int) -> list[tuple[str, Any]]:
     items = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    check_tensor_count(len(items), str(source))
     for key, info in items:
         if not isinstance(info, dict):
             raise CorruptModel(f"{source}: header entry {key!r} is not an object")
@@ -53,10 +68,15 @@ def _tensor_table(source: Path, header: dict[str, Any], data_len: int) -> list[t
                 f"{source}: tensor {key!r} has dtype {code!r}, which trims does not support; "
                 f"convert it to one of {sorted(DTYPES)}"
             )
-        if not isinstance(shape, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_NDIM
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
         ):
-            raise CorruptModel(f"{source}: tensor {key!r} has invalid shape {shape!r}")
+            raise CorruptModel(
+                f"{source}: tensor {key!r} has invalid shape {shape!r} (at most {MAX_NDIM} "
+                "non-negative dimensions)"
+            )
         if not all(isinstance(o, int) and not isinstance(o, bool) for o in (begin, end)):
             raise CorruptModel(f"{source}: tensor {key!r} has non-integer data offsets")
         nbytes = math.prod(shape) * DTYPE_SIZES[DTYPES[code]]
@@ -83,21 +103,41 @@ def convert_safetensors(
             raise CorruptModel(f"{source}: {size} bytes is too short for a safetensors file")
         f.seek(0)
         (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > MAX_HEADER or 8 + header_len > size:
+        if 8 + header_len > size:
             raise CorruptModel(
                 f"{source}: header length {header_len} is invalid for a file of {size} bytes"
             )
+        if header_len > MAX_HEADER:
+            raise PayloadTooLarge(
+                f"{source}: the safetensors header is {header_len} bytes, over the limit of "
+                f"{MAX_HEADER}; trims reads headers of at most that size (at most "
+                f"{MAX_TENSORS} tensors)",
+                size=header_len,
+                limit=MAX_HEADER,
+            )
         try:
             header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CorruptModel(f"{source}: the JSON header cannot be parsed: {e}") from e
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise CorruptModel(f"{source}: the JSON header cannot be parsed: {e!r}") from e
         if not isinstance(header, dict):
             raise CorruptModel(f"{source}: the JSON header is not an object")
         base = 8 + header_len
         items = _tensor_table(source, header, size - base)
         metadata = {"source_format": "safetensors"}
         if isinstance(header.get("__metadata__"), dict):
-            metadata["safetensors_metadata"] = json.dumps(header["__metadata__"], sort_keys=True)
+            text = json.dumps(header["__metadata__"], sort_keys=True)
+            # As a string inside the manifest's metadata, escaped once more.
+            encoded = len(json.dumps(text))
+            if encoded <= MAX_METADATA_JSON // 2:
+                metadata["safetensors_metadata"] = text
+            else:
+                log.warning(
+                    "model file %s: __metadata__ of %d bytes not kept (limit %d bytes); "
+                    "the tensors are converted without it",
+                    source,
+                    encoded,
+                    MAX_METADATA_JSON // 2,
+                )
         total = sum(int(v["data_offsets"][1]) - int(v["data_offsets"][0]) for _, v in items)
         with (
             mapped(f) as view,

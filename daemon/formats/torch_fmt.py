@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trims.daemon.formats.writer import LayoutWriter, Progress, chunked
-from trims.errors import CorruptModel, ValidationError
-from trims.layout import Manifest, TensorSpec
+from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
+from trims.layout import Manifest, TensorSpec, check_tensor_count
 
 if TYPE_CHECKING:
     import torch
@@ -46,10 +46,38 @@ DTYPES: dict[str, str] = {
 }
 
 
+#: Largest pickle (``data.pkl``) of a zip-format checkpoint: 64 MiB. It holds only the names,
+#: shapes and storage keys (the data sits in separate zip entries), about 200 bytes per tensor,
+#: so MAX_TENSORS tensors need a few MiB; the unpickler holds all of it in memory.
+MAX_PICKLE = 64 << 20
+
+
+def _check_archive(source: Path) -> None:
+    """Refuse, before unpickling, a zip checkpoint whose pickle or storage count is too big."""
+    try:
+        with zipfile.ZipFile(source) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CorruptModel(f"{source} is not a readable PyTorch file: {e}") from e
+    pickles = [i for i in infos if i.filename.endswith("data.pkl")]
+    for info in pickles:
+        if info.file_size > MAX_PICKLE:
+            raise PayloadTooLarge(
+                f"{source}: its pickle {info.filename} is {info.file_size} bytes, over the "
+                f"limit of {MAX_PICKLE}; save a plain state dict (`model.state_dict()`)",
+                size=info.file_size,
+                limit=MAX_PICKLE,
+            )
+    storages = sum(1 for i in infos if "/data/" in i.filename)
+    check_tensor_count(storages, f"{source} (counting its storages)")
+
+
 def _load(source: Path) -> Any:
     import torch
 
     use_mmap = zipfile.is_zipfile(source)
+    if use_mmap:
+        _check_archive(source)
     try:
         return torch.load(source, map_location="cpu", weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
@@ -115,6 +143,7 @@ def convert_torch(
 ) -> Manifest:
     state = _load(source)
     tensors = list(_flatten(source, state, ""))
+    check_tensor_count(len(tensors), str(source))
     if not tensors:
         raise ValidationError(
             f"{source} contains no tensors; trims stores state dicts (`torch.save(model."

@@ -19,7 +19,16 @@ from types import TracebackType
 from typing import BinaryIO
 
 from trims.errors import CorruptModel, ValidationError
-from trims.layout import PAGE, Manifest, TensorEntry, TensorSpec, align_up, plan
+from trims.layout import (
+    PAGE,
+    Manifest,
+    TensorEntry,
+    TensorSpec,
+    align_up,
+    check_spec,
+    check_tensor_count,
+    plan,
+)
 from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
@@ -110,7 +119,16 @@ class LayoutWriter:
             self._write(_ZEROS[: min(PAGE, offset - self._offset)])
 
     def add(self, spec: TensorSpec, chunks: Iterable[bytes | memoryview]) -> TensorEntry:
-        """Write one tensor's raw bytes; CorruptModel if the chunks are not exactly its size."""
+        """Write one tensor's raw bytes; CorruptModel if the chunks are not exactly its size.
+
+        The spec is checked against the layout's bounds (name, shape, tensor count) before a
+        byte of it is written.
+        """
+        try:
+            check_spec(spec)
+        except ValidationError as e:
+            raise ValidationError(f"{self._source}: {e.message}") from e
+        check_tensor_count(len(self._specs) + 1, str(self._source))
         self._pad_to(self.next_offset)
         start = self._offset
         want = spec.nbytes

@@ -1,33 +1,43 @@
 """The cloud tier: fetch a model file from http(s):// or s3:// into a local file.
 
 Blocking code (the server runs it in a worker thread): stdlib ``urllib.request`` for http(s)
-with timeouts and a redirect limit, boto3 for s3:// with a configurable endpoint so any
-S3-compatible store works. Bodies are streamed to disk in chunks while being hashed; a failed or
-interrupted download removes the destination, so nothing half-written survives. Third-party
-errors are translated at this boundary:
+with a redirect limit, boto3 for s3:// with a configurable endpoint so any S3-compatible store
+works. Bodies are streamed to disk in chunks while being hashed; a failed or interrupted
+download removes the destination, so nothing half-written survives.
+
+Two limits bound the time a download may take (see Note [download deadline]): the stall
+timeout (no byte for that long, connecting included) and the overall deadline (the whole
+download, redirects included), so a server that trickles one byte every few seconds cannot
+hold an ``add`` forever. Only http(s) redirects are followed (never file://, ftp://, s3://).
+Third-party errors are translated at this boundary:
 
 =====================================  ======================================================
 NotFound                               HTTP 404/410, S3 NoSuchKey/NoSuchBucket
 PermissionDenied                       HTTP 401/403, S3 AccessDenied, no S3 credentials
-Unavailable (retryable)                connection refused/reset, timeouts, HTTP 5xx/429
+Unavailable (retryable)                connection refused/reset, stalls, HTTP 5xx/429
+Timeout (retryable)                    the download ran past its overall deadline
 CorruptModel                           short read (connection cut mid-body), sha256 mismatch
 PayloadTooLarge                        announced or actual size over ``max_bytes``
-ValidationError                        bad URL, other HTTP 4xx, too many redirects
+ValidationError                        bad URL, other HTTP 4xx, redirect loops, non-http(s)
+                                       redirects
 =====================================  ======================================================
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import logging
 import os
+import socket
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import SplitResult, quote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, quote, urljoin, urlsplit, urlunsplit
 
 from trims.config import format_size
 from trims.errors import (
@@ -35,6 +45,7 @@ from trims.errors import (
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
+    Timeout,
     TrimsError,
     Unavailable,
     ValidationError,
@@ -46,8 +57,12 @@ log = logging.getLogger(__name__)
 
 SCHEMES = ("http", "https", "s3")
 CHUNK = 1 << 20
-#: Seconds to wait for a connection or for the next bytes of a body.
-TIMEOUT = 30.0
+#: Default stall timeout, seconds: the longest wait for a connection or for the next bytes of
+#: a body. 60 s rides out a busy server or a congested link; DaemonSettings sets it.
+STALL_TIMEOUT = 60.0
+#: Default overall deadline of one download, seconds: one hour fetches tens of GiB on an
+#: ordinary link. DaemonSettings sets it.
+DEADLINE = 3600.0
 #: Redirects followed before giving up (a loop otherwise never ends).
 MAX_REDIRECTS = 5
 
@@ -132,27 +147,135 @@ class _Sink:
 
 
 class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
-    """At most MAX_REDIRECTS redirects, and only to http(s) (never ftp:// or file://)."""
+    """At most MAX_REDIRECTS redirects, and only to http(s) (never file://, ftp:// or s3://).
+
+    urllib itself refuses file:// with an HTTPError carrying the 3xx code (which would read as
+    a loop) and follows ftp://; both are refused here, before urllib looks at the target.
+    """
 
     max_redirections = MAX_REDIRECTS
     max_repeats = 2
 
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        target = scheme(newurl)
-        if target not in ("http", "https"):
-            raise ValidationError(
-                f"{redact(req.full_url)} redirects to a {target or 'relative'}:// URL; only "
-                "http(s) redirects are followed"
-            )
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+    def http_error_302(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any
+    ) -> Any:
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            try:
+                target = urlsplit(urljoin(req.full_url, location)).scheme.lower()
+            except ValueError as e:
+                fp.close()
+                raise ValidationError(
+                    f"{redact(req.full_url)} redirects to a malformed URL: {e}"
+                ) from e
+            if target not in ("http", "https"):
+                fp.close()
+                raise ValidationError(
+                    f"redirect from {redact(req.full_url)} to a {target}:// URL refused; only "
+                    "http(s) redirects are followed"
+                )
+        try:
+            return super().http_error_302(req, fp, code, msg, headers)
+        except urllib.error.HTTPError as e:
+            if not str(e.msg).startswith(self.inf_msg):
+                raise
+            with e:
+                raise ValidationError(
+                    f"{redact(req.full_url)} redirects in a loop or more than {MAX_REDIRECTS} "
+                    "times; fix the URL or the server's redirects"
+                ) from e
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+# Note [download deadline]: every read of a download waits at most the stall timeout (the
+# socket timeout, so a server that stops sending is cut off), but a server that sends one byte
+# just before each timeout would keep a download going forever. The overall deadline is
+# enforced by a watchdog timer: when it fires it shuts down every socket the download opened
+# (redirects open new ones), which wakes the blocked read at once, wherever it is (status
+# line, headers or body); the download then reports Timeout, never a short read, because the
+# watchdog says it fired. For http(s) the sockets are recorded by a connection class wrapped
+# around urllib's; for s3:// the body stream is shut down (urllib3's ``shutdown``), and the
+# request before the body is bounded by the stall timeout and botocore's two attempts.
+class _Watchdog:
+    """Shuts down the connections of one download when its deadline passes."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fired = False
+        self._lock = threading.Lock()
+        self._closers: list[Callable[[], None]] = []
+        self._timer = threading.Timer(deadline, self._fire)
+        self._timer.name = "trims-download-deadline"
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self._timer.join()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            closers, self._closers = self._closers, []
+        for close in closers:
+            with contextlib.suppress(Exception):
+                close()
+
+    def watch(self, close: Callable[[], None]) -> None:
+        """Call ``close`` (from the timer thread) when the deadline passes, or now if it has."""
+        with self._lock:
+            if not self.fired:
+                self._closers.append(close)
+                return
+        with contextlib.suppress(Exception):
+            close()
+
+    def connection_class(self, base: type[http.client.HTTPConnection]) -> Callable[..., Any]:
+        """``base`` with every socket it connects handed to this watchdog."""
+        watchdog = self
+
+        class Watched(base):  # type: ignore[valid-type,misc]
+            def connect(self) -> None:
+                super().connect()
+                sock = self.sock
+                watchdog.watch(lambda: sock.shutdown(socket.SHUT_RDWR))
+
+        return Watched
+
+
+class _WatchedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._watchdog = watchdog
+
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> Any:
+        return super().do_open(self._watchdog.connection_class(http_class), req, **kw)
+
+
+class _WatchedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._watchdog = watchdog
+
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kw: Any) -> Any:
+        return super().do_open(self._watchdog.connection_class(http_class), req, **kw)
+
+
+def _seconds(value: float) -> str:
+    """3600.0 -> '3600', 0.999997 -> '1', 0.5 -> '0.5'."""
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def _deadline_error(url: str, deadline: float, done: int) -> Timeout:
+    return Timeout(
+        f"download of {url} did not finish within its deadline of {_seconds(deadline)} s "
+        f"({format_size(done)} received); the server is too slow: try again later, use a "
+        "closer mirror, or raise --download-deadline"
+    )
 
 
 def _http_status_error(url: str, e: urllib.error.HTTPError) -> TrimsError:
@@ -163,37 +286,64 @@ def _http_status_error(url: str, e: urllib.error.HTTPError) -> TrimsError:
     if e.code >= 500 or e.code in (408, 429):
         return Unavailable(f"{url} answered HTTP {e.code} {e.reason}; try again later")
     if 300 <= e.code < 400:
-        return ValidationError(f"{url} redirects more than {MAX_REDIRECTS} times or in a loop")
+        return ValidationError(f"{url} answered HTTP {e.code} without a Location to follow")
     return ValidationError(f"{url} answered HTTP {e.code} {e.reason}")
 
 
-def _fetch_http(url: str, f: IO[bytes], sink_args: dict[str, Any], timeout: float) -> _Sink:
+def _fetch_http(
+    url: str, f: IO[bytes], sink_args: dict[str, Any], stall_timeout: float, deadline: float
+) -> _Sink:
     shown = redact(url)
     if not split(url).hostname:
         raise ValidationError(f"{url!r} names no host; use http(s)://HOST/PATH")
-    opener = urllib.request.build_opener(_LimitedRedirects)
-    request = urllib.request.Request(url, headers={"User-Agent": "trims"})
-    try:
-        with opener.open(request, timeout=timeout) as resp:
-            length = resp.headers.get("Content-Length")
-            total = int(length) if length is not None and length.isdigit() else None
-            sink = _Sink(f, shown, total=total, **sink_args)
-            while chunk := resp.read(CHUNK):
-                sink.write(chunk)
-    except urllib.error.HTTPError as e:
-        with e:
-            raise _http_status_error(shown, e) from e
-    except http.client.IncompleteRead as e:
-        raise CorruptModel(
-            f"download of {shown} ended early ({len(e.partial)} bytes in the last read, "
-            f"{e.expected} missing): connection cut; try again"
-        ) from e
-    except urllib.error.URLError as e:
-        raise Unavailable(f"cannot reach {shown}: {e.reason}; check the URL and network") from e
-    except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
-        raise Unavailable(f"download of {shown} failed: {e!r}; try again") from e
+    sink: _Sink | None = None
+    with _Watchdog(deadline) as watchdog:
+        opener = urllib.request.build_opener(
+            _LimitedRedirects, _WatchedHTTP(watchdog), _WatchedHTTPS(watchdog)
+        )
+        request = urllib.request.Request(url, headers={"User-Agent": "trims"})
+        try:
+            with opener.open(request, timeout=stall_timeout) as resp:
+                length = resp.headers.get("Content-Length")
+                total = int(length) if length is not None and length.isdigit() else None
+                sink = _Sink(f, shown, total=total, **sink_args)
+                while chunk := resp.read(CHUNK):
+                    sink.write(chunk)
+        except urllib.error.HTTPError as e:
+            with e:
+                raise _http_status_error(shown, e) from e
+        except TrimsError:
+            raise
+        except Exception as e:
+            if watchdog.fired:
+                raise _deadline_error(shown, deadline, sink.done if sink else 0) from e
+            error = _http_transport_error(shown, stall_timeout, e)
+            if error is e:
+                raise
+            raise error from e
+        if watchdog.fired:
+            raise _deadline_error(shown, deadline, sink.done)
     sink.check_complete()
     return sink
+
+
+def _http_transport_error(url: str, stall_timeout: float, e: Exception) -> Exception:
+    """The trims error for an exception of urllib/http.client (others pass unchanged)."""
+    if isinstance(e, http.client.IncompleteRead):
+        return CorruptModel(
+            f"download of {url} ended early ({len(e.partial)} bytes in the last read, "
+            f"{e.expected} missing): connection cut; try again"
+        )
+    if isinstance(e, TimeoutError):
+        return Unavailable(
+            f"download of {url} stalled: no byte for {_seconds(stall_timeout)} s (the stall "
+            "timeout); try again later or raise --download-stall-timeout"
+        )
+    if isinstance(e, urllib.error.URLError):
+        return Unavailable(f"cannot reach {url}: {e.reason}; check the URL and network")
+    if isinstance(e, ConnectionError | http.client.HTTPException):
+        return Unavailable(f"download of {url} failed: {e!r}; try again")
+    return e
 
 
 def _s3_error(url: str, e: Exception) -> TrimsError:
@@ -236,7 +386,12 @@ def _iter_s3(body: Any) -> Iterator[bytes]:
 
 
 def _fetch_s3(
-    url: str, f: IO[bytes], sink_args: dict[str, Any], endpoint: str | None, timeout: float
+    url: str,
+    f: IO[bytes],
+    sink_args: dict[str, Any],
+    endpoint: str | None,
+    stall_timeout: float,
+    deadline: float,
 ) -> _Sink:
     import boto3
     from botocore.config import Config
@@ -248,22 +403,38 @@ def _fetch_s3(
         raise ValidationError(f"{url} is not an S3 object URL: use s3://BUCKET/KEY")
     shown = f"s3://{bucket}/{key}"
     config = Config(
-        connect_timeout=timeout,
-        read_timeout=timeout,
+        connect_timeout=stall_timeout,
+        read_timeout=stall_timeout,
         retries={"max_attempts": 2, "mode": "standard"},
     )
-    try:
-        client = boto3.client("s3", endpoint_url=endpoint, config=config)
-        response = client.get_object(Bucket=bucket, Key=key)
-        body = response["Body"]
-        with body:
-            sink = _Sink(f, shown, total=int(response.get("ContentLength", 0)), **sink_args)
-            for chunk in _iter_s3(body):
-                sink.write(chunk)
-    except (BotoCoreError, ClientError) as e:
-        raise _s3_error(shown, e) from e
-    except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
-        raise Unavailable(f"download of {shown} failed: {e!r}; try again") from e
+    sink: _Sink | None = None
+    with _Watchdog(deadline) as watchdog:
+        try:
+            client = boto3.client("s3", endpoint_url=endpoint, config=config)
+            response = client.get_object(Bucket=bucket, Key=key)
+            body = response["Body"]
+            # StreamingBody wraps a urllib3 response, whose shutdown() wakes a blocked read.
+            raw = getattr(body, "_raw_stream", None)
+            if raw is not None and hasattr(raw, "shutdown"):
+                watchdog.watch(raw.shutdown)
+            with body:
+                sink = _Sink(f, shown, total=int(response.get("ContentLength", 0)), **sink_args)
+                for chunk in _iter_s3(body):
+                    sink.write(chunk)
+                    if watchdog.fired:
+                        break
+        except TrimsError:
+            raise
+        except Exception as e:
+            if watchdog.fired:
+                raise _deadline_error(shown, deadline, sink.done if sink else 0) from e
+            if isinstance(e, BotoCoreError | ClientError):
+                raise _s3_error(shown, e) from e
+            if isinstance(e, TimeoutError | ConnectionError | http.client.HTTPException):
+                raise Unavailable(f"download of {shown} failed: {e!r}; try again") from e
+            raise
+        if watchdog.fired:
+            raise _deadline_error(shown, deadline, sink.done)
     sink.check_complete()
     return sink
 
@@ -276,9 +447,18 @@ def fetch(
     expected_sha256: str | None,
     progress: Progress | None,
     max_bytes: int,
-    timeout: float = TIMEOUT,
+    stall_timeout: float = STALL_TIMEOUT,
+    deadline: float = DEADLINE,
 ) -> None:
-    """Download ``source`` into the new file ``dest`` (fsynced), or raise and leave no ``dest``."""
+    """Download ``source`` into the new file ``dest`` (fsynced), or raise and leave no ``dest``.
+
+    ``stall_timeout`` bounds the wait for a connection and for each next byte, ``deadline``
+    the whole download (seconds; see Note [download deadline]).
+    """
+    if not (stall_timeout > 0 and deadline > 0):
+        raise ValidationError(
+            f"download stall timeout {stall_timeout} and deadline {deadline} must be positive"
+        )
     kind = scheme(source)
     if kind not in SCHEMES:
         raise ValidationError(f"unsupported source scheme {kind!r}; use http(s):// or s3://")
@@ -287,9 +467,9 @@ def fetch(
     try:
         with f:
             if kind == "s3":
-                sink = _fetch_s3(source, f, sink_args, s3_endpoint, timeout)
+                sink = _fetch_s3(source, f, sink_args, s3_endpoint, stall_timeout, deadline)
             else:
-                sink = _fetch_http(source, f, sink_args, timeout)
+                sink = _fetch_http(source, f, sink_args, stall_timeout, deadline)
             f.flush()
             os.fsync(f.fileno())
         digest = sink.hash.hexdigest()

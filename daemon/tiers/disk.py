@@ -11,7 +11,11 @@ Invariants: a blob is only ever created by renaming a fully written, fsynced tem
 sha256 was recomputed and matched, and its manifest is written the same way afterwards, so a
 crash leaves either a complete entry, an orphan (cleaned at start-up) or a ``.part`` file
 (cleaned at start-up), never a half-written blob. :meth:`DiskTier.verify` recomputes the digest
-before a blob is served. Several models may share one blob when their layouts are identical.
+before a blob is served and deletes a blob that fails it, so a damaged or changed blob is never
+served again. :meth:`DiskTier.stamp` is what the residency compares to decide that a verified
+blob may have changed since (Note [disk re-verification] in :mod:`trims.daemon.residency`).
+Which blobs may exist at all is the catalog's business (Note [commit protocol] in
+:mod:`trims.daemon.store`). Several models may share one blob when their layouts are identical.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import os
 import threading
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 from trims.config import format_size
+from trims.daemon.crashpoints import crashpoint
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
 from trims.layout import Manifest, validate_digest
 from trims.protocol import Progress
@@ -32,6 +38,20 @@ from trims.protocol import Progress
 log = logging.getLogger(__name__)
 
 CHUNK = 8 << 20
+
+
+class Stamp(NamedTuple):
+    """What changes when a file is written, replaced or has its mode changed. ``ctime`` is set
+    by the kernel on any of these and cannot be set back from userspace."""
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Stamp:
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def fsync_dir(path: Path) -> None:
@@ -167,6 +187,7 @@ class DiskTier:
             os.fsync(f.fileno())
         try:
             os.rename(temp, blob)
+            crashpoint("add.blob_renamed")
             os.rename(meta_temp, self._manifest_path(manifest.digest))
         finally:
             meta_temp.unlink(missing_ok=True)
@@ -185,21 +206,47 @@ class DiskTier:
                 "add it again"
             ) from e
 
-    def verify(self, digest: str) -> None:
-        """Recompute the blob's sha256; CorruptModel when it differs from its name."""
+    def stamp(self, digest: str) -> Stamp | None:
+        """The blob's current :class:`Stamp`; None when it is not on disk."""
+        try:
+            return Stamp.of(self.path(digest).stat())
+        except FileNotFoundError:
+            return None
+
+    def verify(self, digest: str) -> Stamp:
+        """Recompute the blob's sha256; return the stamp it was verified under.
+
+        A blob that fails (wrong size or digest, unreadable manifest, changed while it was
+        hashed) is deleted at once, then CorruptModel is raised: it is never served again.
+        """
+        try:
+            return self._verify(digest)
+        except CorruptModel as e:
+            if self.contains(digest) or self.path(digest).exists():
+                self.remove(digest)
+            log.warning(
+                "layout %s deleted from the disk tier: it failed its digest check (%s)",
+                digest,
+                e.message,
+            )
+            raise CorruptModel(
+                f"{e.message}; the damaged copy was deleted from the disk tier"
+            ) from e
+
+    def _verify(self, digest: str) -> Stamp:
         manifest = self.manifest(digest)
         blob = self.path(digest)
         try:
-            size = blob.stat().st_size
+            before = Stamp.of(blob.stat())
         except FileNotFoundError as e:
             raise NotFound(f"layout {digest} is not on disk") from e
-        if size != manifest.total_bytes:
+        if before.size != manifest.total_bytes:
             raise CorruptModel(
-                f"layout {digest} of {manifest.name} on disk has {size} bytes instead of "
-                f"{manifest.total_bytes}; remove the model and add it again"
+                f"layout {digest} of {manifest.name} on disk has {before.size} bytes instead "
+                f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            actual = _file_digest(blob, size)
+            actual = _file_digest(blob, before.size)
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:
@@ -207,14 +254,20 @@ class DiskTier:
                 f"layout {digest} of {manifest.name} on disk has sha256 {actual}: the file is "
                 "damaged; remove the model and add it again"
             )
+        if self.stamp(digest) != before:
+            raise CorruptModel(
+                f"layout {digest} of {manifest.name} changed on disk while it was verified; "
+                "remove the model and add it again"
+            )
+        return before
 
     def remove(self, digest: str) -> None:
         """Delete a blob and its manifest; NotFound when neither exists."""
         blob, meta = self.path(digest), self._manifest_path(digest)
         with self._lock:
             existed = blob.exists() or meta.exists()
-            blob.unlink(missing_ok=True)
             meta.unlink(missing_ok=True)
+            blob.unlink(missing_ok=True)
             size = self._sizes.pop(digest, 0)
         if not existed:
             raise NotFound(f"layout {digest} is not on disk")

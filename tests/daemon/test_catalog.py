@@ -1,13 +1,15 @@
-"""The SQLite catalog in-process: rows, latest version, pins, access lists, persistence."""
+"""The SQLite catalog in-process: rows, latest version, pins, access lists, intent rows,
+schema migration, persistence."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from trims.daemon.catalog import AccessList, Catalog, ModelRecord
-from trims.errors import AlreadyExists, NotFound, ValidationError
+from trims.daemon.catalog import SCHEMA, SCHEMA_VERSION, AccessList, Catalog, ModelRecord
+from trims.errors import AlreadyExists, NotFound, TrimsError, ValidationError
 
 
 def _record(name: str, version: str, digest: str = "a" * 64, added: float = 1.0) -> ModelRecord:
@@ -37,8 +39,68 @@ def test_rows_survive_reopening_and_latest_version_wins(tmp_path: Path) -> None:
         catalog.close()
 
 
-def test_access_list() -> None:
-    assert AccessList().allows(1, 1)
-    restricted = AccessList(frozenset({10}), frozenset({20}))
-    assert restricted.allows(10, 0) and restricted.allows(0, 20)
-    assert not restricted.allows(11, 21)
+def test_access_list_counts_uid_and_every_group() -> None:
+    assert AccessList().allows(1, [1])
+    restricted = AccessList.of([10], [20, 30])
+    assert restricted.allows(10, [0]) and restricted.allows(0, [20])
+    assert restricted.allows(0, [5, 6, 30])
+    assert not restricted.allows(11, [21, 0])
+    assert not restricted.allows(11, [])
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32 - 1, 2**70, True, "0"])
+def test_access_list_ids_are_32_bit(bad: object) -> None:
+    with pytest.raises(ValidationError, match=r"access\.gids = .* not a valid id"):
+        AccessList.of([], [bad])  # type: ignore[list-item]
+    assert AccessList.of([2**32 - 2]).uids == {4294967294}
+
+
+def test_an_intent_row_reserves_the_name_and_is_no_model_until_committed(tmp_path: Path) -> None:
+    catalog = Catalog(tmp_path / "c.sqlite")
+    try:
+        catalog.begin_add("m", "1", "/src", AccessList.of([7]))
+        with pytest.raises(AlreadyExists, match="being added"):
+            catalog.begin_add("m", "1", "/src", AccessList())
+        assert catalog.all() == [] and catalog.pending_names() == {"m"}
+        with pytest.raises(NotFound):
+            catalog.get("m")
+        catalog.commit_add(_record("m", "1"))
+        record = catalog.get("m")
+        assert record.digest == "a" * 64 and record.source == "/src"
+        assert record.access == AccessList.of([7])
+        catalog.begin_add("m", "2", "/src", AccessList())
+        catalog.begin_add("n", "1", "/src", AccessList())
+        catalog.abort_add("n", "1")
+        assert catalog.rollback_pending() == ["m:2"]
+        assert [r.key for r in catalog.all()] == ["m:1"] and catalog.pending_names() == set()
+    finally:
+        catalog.close()
+
+
+def test_a_catalog_of_the_old_schema_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA)
+    db.execute(
+        "INSERT INTO models VALUES ('m', '1', ?, 'numpy', 'numpy', '', 4096, 1.0, "
+        "'{\"uids\": [5]}', '[]')",
+        ("a" * 64,),
+    )
+    db.commit()
+    db.close()
+    for _ in range(2):
+        catalog = Catalog(path)
+        try:
+            assert catalog.get("m").access == AccessList.of([5])
+            assert catalog.rollback_pending() == []
+        finally:
+            catalog.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 1
+        db.execute("PRAGMA user_version = 99")
+        db.commit()
+    finally:
+        db.close()
+    with pytest.raises(TrimsError, match="newer"):
+        Catalog(path)

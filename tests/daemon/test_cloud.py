@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +20,7 @@ from trims.errors import (
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
+    Timeout,
     Unavailable,
     ValidationError,
 )
@@ -45,6 +47,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
+        if path in _SLOW:
+            _SLOW[path](self)
+            return
         if path.startswith("/status/"):
             code = int(path.rsplit("/", 1)[1])
             self.send_response(code)
@@ -56,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/redirect/"):
             self.send_response(302)
             target = path.removeprefix("/redirect")
-            self.send_header("Location", "ftp://127.0.0.1/m.bin" if target == "/ftp" else target)
+            self.send_header("Location", _FOREIGN.get(target, target))
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -84,12 +89,54 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+#: ``/redirect/<key>`` targets on other schemes.
+_FOREIGN = {
+    "/ftp": "ftp://127.0.0.1/m.bin",
+    "/file": "file:///etc/passwd",
+    "/s3": "s3://models/m.bin",
+    "/FILE": "FILE:///etc/passwd",
+    "/file-no-slashes": "file:/etc/passwd",
+}
+
+
+def _trickle(handler: _Handler, head: bytes) -> None:
+    """Send ``head`` then one byte about every 0.2 s until the client goes away."""
+    try:
+        handler.wfile.write(head)
+        for _ in range(10_000):
+            handler.wfile.write(b"x")
+            handler.wfile.flush()
+            time.sleep(0.2)  # pacing the trickle, not ordering the test
+    except OSError:
+        pass
+    handler.close_connection = True
+
+
+def _silent(handler: _Handler) -> None:
+    """Send the headers of a 10-byte body, then nothing until the client closes."""
+    handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    handler.wfile.flush()
+    with contextlib.suppress(OSError):
+        handler.rfile.read(1)
+    handler.close_connection = True
+
+
+_SLOW: dict[str, Any] = {
+    "/trickle": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"),
+    "/trickle-chunked": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
+    "/trickle-headers": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nX-Slow: "),
+    "/silent": _silent,
+}
+
+
 @contextlib.contextmanager
 def serve_files(files: dict[str, bytes], *, cut: bool = False) -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 (port 0) serving ``files``; yields its base URL.
 
     ``/status/<code>`` answers that status, ``/redirect/<path>`` redirects to ``<path>``
-    (``/redirect/ftp`` to an ftp:// URL),
+    (``/redirect/ftp``, ``/file``, ``/s3`` to such URLs), ``/trickle`` sends a byte every
+    0.2 s (``/trickle-chunked`` without a length, ``/trickle-headers`` inside a header),
+    ``/silent`` sends headers and then nothing,
     ``/chunked/<path>`` sends without Content-Length; ``cut`` sends half of each body and
     closes the connection.
     """
@@ -160,6 +207,54 @@ def test_redirect_to_ftp_is_refused(tmp_path: Path) -> None:
     with serve_files({}) as base, pytest.raises(ValidationError, match="only http"):
         _fetch(base + "/redirect/ftp", dest)
     assert not dest.exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [("file", "file"), ("s3", "s3"), ("FILE", "file"), ("ftp", "ftp"), ("file-no-slashes", "file")],
+)
+def test_redirect_to_another_scheme_is_refused_and_named(
+    tmp_path: Path, target: str, kind: str
+) -> None:
+    dest = tmp_path / "dest"
+    with serve_files({}) as base, pytest.raises(ValidationError) as info:
+        _fetch(f"{base}/redirect/{target}?sig=secret", dest)
+    message = str(info.value)
+    assert f"redirect from {base}/redirect/{target} to a {kind}:// URL refused" in message
+    assert "only http(s) redirects are followed" in message
+    assert "loop" not in message and "secret" not in message
+    assert not dest.exists()
+
+
+def test_a_redirect_loop_is_reported_as_a_loop(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    with serve_files({}) as base, pytest.raises(ValidationError, match="redirects in a loop"):
+        _fetch(base + "/status/302", dest)
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize("route", ["/trickle", "/trickle-chunked", "/trickle-headers"])
+def test_a_trickling_server_is_cut_off_at_the_deadline(tmp_path: Path, route: str) -> None:
+    dest = tmp_path / "dest"
+    with serve_files({}) as base, pytest.raises(Timeout) as info:
+        _fetch(f"{base}{route}?sig=secret", dest, deadline=1.0, stall_timeout=30.0)
+    message = str(info.value)
+    assert f"download of {base}{route} did not finish within its deadline of 1 s" in message
+    assert "secret" not in message
+    assert not dest.exists()
+
+
+def test_a_silent_server_is_cut_off_at_the_stall_timeout(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    with serve_files({}) as base, pytest.raises(Unavailable, match=r"stalled: no byte for 0\.5 s"):
+        _fetch(base + "/silent", dest, deadline=600.0, stall_timeout=0.5)
+    assert not dest.exists()
+
+
+@pytest.mark.parametrize("kw", [{"deadline": 0}, {"stall_timeout": -1.0}])
+def test_download_limits_must_be_positive(tmp_path: Path, kw: dict[str, float]) -> None:
+    with pytest.raises(ValidationError, match="must be positive"):
+        _fetch("http://127.0.0.1:1/m.bin", tmp_path / "dest", **kw)
 
 
 @pytest.mark.parametrize(
@@ -293,5 +388,5 @@ def test_s3_endpoint_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         port = s.getsockname()[1]
     dest = tmp_path / "dest"
     with pytest.raises(Unavailable):
-        _fetch("s3://models/m.bin", dest, s3_endpoint=f"http://127.0.0.1:{port}", timeout=2.0)
+        _fetch("s3://models/m.bin", dest, s3_endpoint=f"http://127.0.0.1:{port}", stall_timeout=2.0)
     assert not dest.exists()

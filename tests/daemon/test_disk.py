@@ -77,7 +77,8 @@ def test_size_mismatch_on_commit(tmp_path: Path) -> None:
     assert not temp.exists()
 
 
-def test_verify_detects_a_damaged_blob(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("damage", "message"), [("flip", "damaged"), ("cut", "100 bytes")])
+def test_verify_deletes_a_damaged_blob(tmp_path: Path, damage: str, message: str) -> None:
     disk = DiskTier(tmp_path / "disk", budget=1 << 20)
     temp = disk.new_temp()
     manifest = _layout(temp, 1)
@@ -85,14 +86,37 @@ def test_verify_detects_a_damaged_blob(tmp_path: Path) -> None:
     blob = disk.path(manifest.digest)
     os.chmod(blob, 0o644)
     with open(blob, "r+b") as f:
-        f.seek(8)
-        f.write(b"\x01")
-    with pytest.raises(CorruptModel, match="damaged"):
+        if damage == "flip":
+            f.seek(8)
+            f.write(b"\x01")
+        else:
+            f.truncate(100)
+    with pytest.raises(CorruptModel, match=f"{message}.*deleted from the disk tier"):
         disk.verify(manifest.digest)
-    with open(blob, "r+b") as f:
-        f.truncate(100)
-    with pytest.raises(CorruptModel, match="100 bytes"):
+    assert not disk.contains(manifest.digest) and disk.used_bytes() == 0
+    assert list((disk.root / "blobs").iterdir()) == []
+    with pytest.raises(NotFound):
         disk.verify(manifest.digest)
+
+
+def test_the_stamp_changes_when_the_blob_is_written_or_its_mode_changes(tmp_path: Path) -> None:
+    disk = DiskTier(tmp_path / "disk", budget=1 << 20)
+    temp = disk.new_temp()
+    manifest = _layout(temp, 1)
+    disk.commit(temp, manifest)
+    verified = disk.verify(manifest.digest)
+    assert disk.stamp(manifest.digest) == verified
+    blob = disk.path(manifest.digest)
+    fd = os.open(blob, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    chmodded = disk.stamp(manifest.digest)
+    assert chmodded is not None and chmodded != verified
+    assert disk.verify(manifest.digest) == chmodded
+    disk.remove(manifest.digest)
+    assert disk.stamp(manifest.digest) is None
 
 
 def test_budget_is_enforced(tmp_path: Path) -> None:

@@ -12,13 +12,14 @@ import pytest
 
 from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
 from tests.daemon.test_cloud import s3, s3_server, serve_files
-from trims.daemon.ingest import ingest
+from trims.daemon.ingest import DownloadLimits, ingest
 from trims.daemon.tiers.disk import DiskTier
 from trims.errors import (
     CorruptModel,
     NotFound,
     PayloadTooLarge,
     ResourceExhausted,
+    Timeout,
     ValidationError,
 )
 from trims.layout import Manifest
@@ -84,10 +85,27 @@ def test_local_file(disk: DiskTier, model_file: Path) -> None:
     assert not list((disk.root / "tmp").iterdir())
 
 
-@pytest.mark.parametrize("name", ["../evil", "a/b", "", ".hidden", "x" * 200, "a..b"])
+BAD_TOKENS = ["../evil", "a/b", "", ".hidden", "x" * 200, "a..b", "m\n", "m\r", "m\0", "\nm"]
+
+
+@pytest.mark.parametrize("name", BAD_TOKENS)
 def test_bad_names(disk: DiskTier, model_file: Path, name: str) -> None:
     with pytest.raises(ValidationError, match="invalid model name"):
         _ingest(str(model_file), disk, name=name)
+    assert _nothing_left(disk)
+
+
+@pytest.mark.parametrize("version", BAD_TOKENS)
+def test_bad_versions(disk: DiskTier, model_file: Path, version: str) -> None:
+    with pytest.raises(ValidationError, match="invalid model version"):
+        _ingest(str(model_file), disk, version=version)
+    assert _nothing_left(disk)
+
+
+def test_a_digest_with_a_trailing_newline_is_refused(disk: DiskTier, model_file: Path) -> None:
+    digest = hashlib.sha256(model_file.read_bytes()).hexdigest()
+    with pytest.raises(ValidationError, match="invalid digest"):
+        _ingest(str(model_file), disk, expected_sha256=digest + "\n")
     assert _nothing_left(disk)
 
 
@@ -189,6 +207,16 @@ def test_http_source_cut_mid_body_leaves_nothing(disk: DiskTier, model_file: Pat
     assert _nothing_left(disk)
 
 
+def test_a_trickling_download_is_cut_off_and_leaves_nothing(disk: DiskTier) -> None:
+    with (
+        serve_files({}) as base,
+        pytest.raises(Timeout, match="deadline of 1 s") as info,
+    ):
+        _ingest(f"{base}/trickle?token=secret", disk, limits=DownloadLimits(deadline=1.0))
+    assert f"{base}/trickle" in str(info.value) and "secret" not in str(info.value)
+    assert _nothing_left(disk)
+
+
 def _onnx_with_external_data(folder: Path, location: str) -> tuple[bytes, dict[str, bytes]]:
     """An ONNX model whose two weights live in ``location`` beside it: (graph, files)."""
     onnx = pytest.importorskip("onnx")
@@ -283,3 +311,21 @@ def test_url_without_a_file_name_is_fetched_inside_the_ingest_folder(
         manifest = _ingest(base + path, disk, fmt="safetensors")
     assert disk.contains(manifest.digest)
     assert not list((disk.root / "tmp").iterdir())
+
+
+def test_download_limits_come_from_flags_then_environment() -> None:
+    import argparse
+
+    from trims.daemon.cli import build_settings, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    env = {"TRIMS_DOWNLOAD_DEADLINE": "120", "TRIMS_DOWNLOAD_STALL_TIMEOUT": "5"}
+    args = parser.parse_args(["--download-deadline", "30"])
+    settings = build_settings(args, env)[0]
+    assert (settings.download_deadline, settings.download_stall_timeout) == (30.0, 5.0)
+    defaults = build_settings(parser.parse_args([]), {})[0]
+    assert (defaults.download_deadline, defaults.download_stall_timeout) == (3600.0, 60.0)
+    for bad in (["--download-deadline", "soon"], ["--download-stall-timeout", "0"]):
+        with pytest.raises(ValidationError, match="download"):
+            build_settings(parser.parse_args(bad), {})

@@ -107,3 +107,16 @@ def test_status_reports_readiness_and_where_to_reach_it() -> None:
     )  # fmt: skip
     assert invalid["conditions"][0]["reason"] == "InvalidSpec"
     assert "scaling.concurrency" in invalid["conditions"][0]["message"]
+
+
+@pytest.mark.parametrize("name", ["embed\n", "embed\r", "em\0bed", "../x", "", "x" * 64])
+def test_function_names_are_matched_in_full(name: str) -> None:
+    with pytest.raises(ValidationError, match="name"):
+        desired_objects(function({"handler": "h:h"}, name=name), SETTINGS)
+
+
+@pytest.mark.parametrize("model", ["minilm\n", "minilm\r", "mini\0lm", "../x", "", "x" * 129])
+def test_model_names_of_a_function_are_matched_in_full(model: str) -> None:
+    spec = {**SPEC, "models": [{"name": model, "framework": "torch"}]}
+    with pytest.raises(ValidationError, match="model"):
+        desired_objects(function(spec), SETTINGS)

@@ -199,3 +199,26 @@ def test_gpu_tier_gives_cuda_tensors(
             for name, array in WEIGHTS.items():
                 assert tensors[name].is_cuda
                 assert torch.equal(tensors[name].cpu(), torch.from_numpy(array))
+
+
+def test_a_connection_the_daemon_closed_for_idleness_is_replaced(
+    start_daemon: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    """The daemon closes lease-less idle connections; the client's next call reconnects."""
+    import select
+
+    daemon = start_daemon(idle_timeout=0.3)
+    with StoreClient(daemon.socket) as c:
+        greeting = c.connect()
+        sock = c._store.sock
+        assert sock is not None
+        readable, _, _ = select.select([sock], [], [], 30.0)
+        assert readable, "the daemon did not close the idle connection"
+        assert c.list() == []
+        assert c._store.sock is not sock and c._store.greeting["pid"] == greeting["pid"]
+        c.add("mlp", model_file)
+        with c.acquire("mlp") as lease:
+            # a connection holding a lease is never closed for idleness
+            readable, _, _ = select.select([c._store.sock], [], [], 1.0)
+            assert not readable
+            assert lease.numpy()["steps"][0] == 7

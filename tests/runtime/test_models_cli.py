@@ -91,3 +91,22 @@ def test_no_daemon_says_how_to_start_one(tmp_path: Path) -> None:
     done = trims_models(tmp_path / "none.sock", "ls")
     assert done.returncode == 1
     assert "none.sock" in done.stderr and "trims daemon" in done.stderr
+
+
+def test_add_with_an_access_list_by_name_and_number(
+    store_daemon: DaemonProcess, source: Path
+) -> None:
+    sock = store_daemon.socket
+    added = trims_models(
+        sock, "add", "emb", str(source), "--allow-uid", "root", "--allow-uid", "4242",
+        "--allow-gid", "nogroup",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "access:      uid 0, uid 4242, gid 65534" in added.stdout
+    [model] = json.loads(ok(sock, "ls", "--json"))
+    assert model["access"] == {"uids": [0, 4242], "gids": [65534]}
+    assert "uid 0, uid 4242, gid 65534" in ok(sock, "info", "emb")
+    unknown = trims_models(sock, "add", "x", str(source), "--allow-gid", "no-such-group")
+    assert unknown.returncode == 1 and "no group of that name" in unknown.stderr
+    too_big = trims_models(sock, "add", "x", str(source), "--allow-uid", str(2**70))
+    assert too_big.returncode == 1 and "access.uids[0]" in too_big.stderr

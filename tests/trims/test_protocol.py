@@ -96,6 +96,70 @@ def test_bad_payloads_are_protocol_errors(payload: bytes) -> None:
         list(protocol.FrameDecoder().feed(frame))
 
 
+def _payload_frame(payload: bytes, nfds: int = 0) -> bytes:
+    return struct.pack("!4sBBHI", b"TRIM", 1, 0, nfds, len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\xff\xfe", "encoding"),
+        (b"{not json", "json"),
+        (b"[1,2]", "type"),
+        (b'{"a":' + b"[" * 33 + b"]" * 33 + b"}", "depth"),
+        (b'{"a":' + b"[" * 100_000 + b"}", "depth"),
+        (b'{"a":' + b"9" * 5000 + b"}", "number"),
+        (b'{"a":-' + b"9" * 33 + b"}", "number"),
+        (b'{"a":NaN}', "number"),
+        (b'{"a":-Infinity}', "number"),
+        (b'{"a":1e999}', "number"),
+    ],
+)
+def test_every_decode_failure_is_a_protocol_error_with_a_reason(
+    payload: bytes, reason: str
+) -> None:
+    with pytest.raises(ProtocolError) as info:
+        list(protocol.FrameDecoder().feed(_payload_frame(payload)))
+    assert info.value.details["reason"] == reason
+    assert reason in protocol.DECODE_REASONS
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = '{"a": "[[[[{{{{\\"[[[[", "b": [[1]]}'
+    assert protocol.json_depth(text) == 3
+    deep = {"s": "[" * 1000}
+    frame = protocol.encode_frame(deep)
+    assert list(protocol.FrameDecoder().feed(frame)) == [deep]
+
+
+def test_the_deepest_and_largest_accepted_values_decode() -> None:
+    nested: object = 1
+    for _ in range(protocol.MAX_DEPTH - 1):
+        nested = [nested]
+    message = {"a": nested, "n": -(10 ** (protocol.MAX_INT_DIGITS - 1)), "f": 1.5e300}
+    assert list(protocol.FrameDecoder().feed(protocol.encode_frame(message))) == [message]
+
+
+def test_request_limits_refuse_long_frames_before_buffering_and_any_descriptors() -> None:
+    dec = protocol.FrameDecoder(protocol.MAX_REQUEST_FRAME, max_fds=0)
+    header = struct.pack("!4sBBHI", b"TRIM", 1, 0, 0, protocol.MAX_REQUEST_FRAME + 1)
+    with pytest.raises(ProtocolError, match="exceeds the limit of 65536") as info:
+        list(dec.feed(header))
+    assert info.value.details["reason"] == "length"
+    with pytest.raises(ProtocolError, match="descriptors") as info:
+        list(protocol.FrameDecoder(max_fds=0).feed(_payload_frame(b"{}", nfds=1)))
+    assert info.value.details["reason"] == "fds"
+
+
+def test_the_decoder_reports_what_it_buffers_of_a_partial_frame() -> None:
+    dec = protocol.FrameDecoder()
+    frame = protocol.encode_frame({"id": 1})
+    assert list(dec.feed(frame + frame[:5])) == [{"id": 1}]
+    assert dec.buffered == 5
+    assert list(dec.feed(frame[5:])) == [{"id": 1}]
+    assert dec.buffered == 0
+
+
 def test_oversized_message_is_refused_before_sending() -> None:
     with pytest.raises(ProtocolError, match="exceeds"):
         protocol.encode_frame({"blob": "x" * (protocol.MAX_FRAME + 1)})

@@ -170,3 +170,32 @@ def test_none_arrays_are_skipped(tmp_path: Path) -> None:
     source.write_bytes(_file([none, GOOD], ["gone", "kept"]))
     manifest = convert(source, tmp_path / "out", name="m", version="1")
     assert read_raw(tmp_path / "out", manifest) == {"kept": ("float32", (2,), b"\0\0\x80?\0\0\0@")}
+
+
+def test_too_many_arrays_are_refused_before_they_are_read(tmp_path: Path) -> None:
+    from trims.errors import PayloadTooLarge
+    from trims.layout import MAX_TENSORS
+
+    count = MAX_TENSORS + 1
+    source = tmp_path / "many.params"
+    source.write_bytes(struct.pack("<QQQ", 0x112, 0, count) + bytes(12 * count))
+    with pytest.raises(PayloadTooLarge, match=f"holds {count} tensors; .* at most {MAX_TENSORS}"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_many_dimensions_and_long_names_are_refused(tmp_path: Path) -> None:
+    array = struct.pack("<Iii", 0xF993FAC9, 0, 9) + struct.pack("<9q", *[1] * 9)
+    source = tmp_path / "deep.params"
+    source.write_bytes(struct.pack("<QQQ", 0x112, 0, 1) + array + struct.pack("<iii", 1, 0, 0))
+    with pytest.raises(ValidationError, match="9 dimensions; trims stores at most 8"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    one = struct.pack("<Iii", 0xF993FAC9, 0, 1) + struct.pack("<q", 1)
+    one += struct.pack("<iii", 1, 0, 0) + struct.pack("<f", 1.0)
+    name = b"n" * 513
+    source.write_bytes(
+        struct.pack("<QQQ", 0x112, 0, 1) + one + struct.pack("<QQ", 1, len(name)) + name
+    )
+    with pytest.raises(ValidationError, match="513 bytes, over the limit of 512"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    assert not (tmp_path / "out").exists()

@@ -290,3 +290,16 @@ def test_string_initializers_are_unsupported(tmp_path: Path) -> None:
     onnx.save(helper.make_model(helper.make_graph([], "g", [], [], [tensor])), source)
     with pytest.raises(ValidationError, match="STRING"):
         convert(source, tmp_path / "out", name="m", version="1")
+
+
+def test_an_onnx_file_over_protobufs_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from trims.daemon.formats.onnx_fmt import MAX_MODEL_FILE
+    from trims.errors import PayloadTooLarge
+
+    source = tmp_path / "huge.onnx"
+    with open(source, "wb") as f:  # sparse: nothing is written, the size is what counts
+        f.truncate(MAX_MODEL_FILE + 1)
+    with pytest.raises(PayloadTooLarge, match="external data") as info:
+        convert(source, tmp_path / "out", name="m", version="1", fmt="onnx")
+    assert info.value.details == {"size": MAX_MODEL_FILE + 1, "limit": MAX_MODEL_FILE}
+    assert not (tmp_path / "out").exists()

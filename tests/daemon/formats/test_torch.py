@@ -96,3 +96,46 @@ def test_unsupported_dtype(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="float8_e4m3fn"):
         convert(source, tmp_path / "out", name="m", version="1")
     assert not (tmp_path / "out").exists()
+
+
+def _zip(path: Path, entries: dict[str, int]) -> Path:
+    """A zip checkpoint's shape: entries of the given sizes (zeros, compressed)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, size in entries.items():
+            z.writestr(name, bytes(size))
+    return path
+
+
+def test_a_huge_pickle_is_refused_before_it_is_unpickled(tmp_path: Path) -> None:
+    from trims.daemon.formats.torch_fmt import MAX_PICKLE
+    from trims.errors import PayloadTooLarge
+
+    source = _zip(tmp_path / "m.pt", {"m/data.pkl": MAX_PICKLE + 1})
+    with pytest.raises(PayloadTooLarge, match=f"{MAX_PICKLE + 1} bytes, over the limit"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_many_storages_are_refused_before_they_are_loaded(tmp_path: Path) -> None:
+    from trims.errors import PayloadTooLarge
+    from trims.layout import MAX_TENSORS
+
+    entries = {"m/data.pkl": 16, **{f"m/data/{i}": 0 for i in range(MAX_TENSORS + 1)}}
+    source = _zip(tmp_path / "m.pt", entries)
+    with pytest.raises(PayloadTooLarge, match=f"holds {MAX_TENSORS + 1} tensors"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_many_tensors_are_refused(tmp_path: Path) -> None:
+    from trims.errors import PayloadTooLarge
+    from trims.layout import MAX_TENSORS
+
+    shared = torch.zeros(0)  # one storage, many tensors: the storage count alone allows it
+    source = tmp_path / "m.pt"
+    torch.save([shared] * (MAX_TENSORS + 1), source)
+    with pytest.raises(PayloadTooLarge, match=f"holds {MAX_TENSORS + 1} tensors"):
+        convert(source, tmp_path / "out", name="m", version="1")
+    assert not (tmp_path / "out").exists()
