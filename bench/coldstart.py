@@ -158,6 +158,7 @@ def main() -> int:
     where = machine()
     with tempfile.TemporaryDirectory(prefix="trims-bench-cold-") as tmp:
         root = Path(tmp)
+        root.chmod(0o755)  # a root gateway runs function code as nobody: code dirs live here
         daemon, store_socket = start_daemon(root, cpu_budget=f"{sum(sizes) * 2 + 512}MiB")
         try:
             models = {}

@@ -199,6 +199,7 @@ def main() -> int:
     budget_mib = args.model_mb + args.churn_models * args.churn_mb + 512
     with tempfile.TemporaryDirectory(prefix="trims-bench-density-") as tmp:
         root = Path(tmp)
+        root.chmod(0o755)  # a root gateway runs function code as nobody: code dirs live here
         daemon, store_socket = start_daemon(root, cpu_budget=f"{budget_mib}MiB")
         try:
             big = root / "big.safetensors"

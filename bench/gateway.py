@@ -160,6 +160,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="trims-bench-gw-") as tmp:
         root = Path(tmp)
+        root.chmod(0o755)  # a root gateway runs function code as nobody: code dirs live here
         where = machine()
         bare = Process([sys.executable, __file__, "--serve-bare"], root / "bare.log", r"port=(\d+)")
         gateway, url = start_gateway(

@@ -63,7 +63,7 @@ def start_daemon(root: Path, cpu_budget: str = "8GiB") -> tuple[Process, Path]:
 
 
 def start_gateway(root: Path, *args: str) -> tuple[Process, str]:
-    cmd = [sys.executable, "-m", "trims", "gateway", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "trims", "gateway", "--port", "0", "--no-auth", *args]
     proc = Process(cmd, root / "gateway.log", r"trims gateway ready url=(\S+)")
     return proc, proc.match.group(1)
 
@@ -132,7 +132,7 @@ async def local_gateway(root: Path, store_socket: Path) -> AsyncIterator[str]:
             state_dir=root / "instances" / name,
         )  # fmt: skip
 
-    settings = GatewaySettings(port=0, store_socket=store_socket, drain_timeout_s=5)
+    settings = GatewaySettings(port=0, store_socket=store_socket, drain_timeout_s=5, auth=False)
     runner = web.AppRunner(create_app(settings, make), handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -157,6 +157,7 @@ def write_model(path: Path, megabytes: int, seed: float = 0.0, tensor_mb: int = 
         left -= n * 4
         i += 1
     save_file(tensors, str(path))
+    path.chmod(0o644)  # safetensors writes 0600; workers (nobody) load sources themselves
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,7 +1,9 @@
 """`trims functions`: deploy, list, get, remove and invoke functions on a running gateway.
 
 Talks to the gateway's HTTP API (``--url``, default ``$TRIMS_GATEWAY_URL`` or
-http://127.0.0.1:8080) with the bearer token from ``--token`` or ``$TRIMS_TOKEN``.
+http://127.0.0.1:8080) with the bearer token from ``--token``, else ``$TRIMS_TOKEN``, else the
+admin token file a gateway of the same user generated (in ``--state-dir``, default the
+gateway's default state directory). Without any, requests go without a token.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trims.errors import TrimsError, Unavailable, error_from_dict
+from trims.errors import TrimsError, Unavailable, ValidationError, error_from_dict
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help=f"gateway URL (default $TRIMS_GATEWAY_URL or {DEFAULT_URL})")
-    parser.add_argument("--token", help="bearer token (default $TRIMS_TOKEN)")
+    parser.add_argument(
+        "--token",
+        help="bearer token (default $TRIMS_TOKEN, else the gateway's generated admin token file)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the gateway's --state-dir, to find its admin token (default: the gateway's default)",
+    )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     deploy = sub.add_parser("deploy", help="deploy or update a function from a YAML/JSON spec")
     deploy.add_argument("file", type=Path)
@@ -103,9 +114,29 @@ def _print_table(functions: list[dict[str, Any]]) -> None:
         )
 
 
+def find_token(token: str | None, state_dir: Path | None, env: Mapping[str, str]) -> str | None:
+    """``token``, else ``$TRIMS_TOKEN``, else the admin token file of ``state_dir`` (or of the
+    default state directory); None when there is none. ValidationError (one line) when the
+    file exists but cannot be used."""
+    from trims.runtime.gateway.admin_token import admin_token_path, read_token_file
+    from trims.runtime.settings import default_state_dir
+
+    if token:
+        return token
+    if env.get("TRIMS_TOKEN"):
+        return env["TRIMS_TOKEN"]
+    path = admin_token_path(state_dir or default_state_dir(env))
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_token_file(path)
+    except ValidationError as e:
+        raise ValidationError(f"{e.message}; or pass --token / set $TRIMS_TOKEN") from None
+
+
 def run(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("TRIMS_GATEWAY_URL") or DEFAULT_URL
-    client = GatewayClient(url, args.token or os.environ.get("TRIMS_TOKEN"))
+    client = GatewayClient(url, find_token(args.token, args.state_dir, os.environ))
     if args.action == "deploy":
         from trims.runtime.functions.spec import load_spec_file
 

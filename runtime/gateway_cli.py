@@ -1,20 +1,37 @@
 """`trims gateway`: the HTTP gateway in front of function instances.
 
-Prints ``trims gateway ready url=<URL>`` on stderr once it listens; SIGTERM drains in-flight
-requests, stops every instance and exits 0.
+Prints ``trims gateway ready url=<URL> auth=on|off`` on stderr once it listens; SIGTERM drains
+in-flight requests, stops every instance and exits 0.
+
+Secure by default: without ``--tokens-file`` (or ``$TRIMS_GATEWAY_TOKENS``) the gateway uses
+the admin token in ``<state dir>/auth/admin-token``, created on first start, and only callers
+who present it may deploy or delete. On loopback, callers without a token may still invoke
+and read (``--anonymous-scopes``); on any other address they may do nothing. ``--no-auth``
+turns checking off, explicitly and with a warning.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trims.config import default_socket
-from trims.runtime.settings import GatewaySettings, load_tokens
+from trims.config import data_dir, default_socket
+from trims.errors import ValidationError
+from trims.runtime.settings import (
+    LOCAL_ANONYMOUS_SCOPES,
+    GatewaySettings,
+    default_state_dir,
+    is_loopback,
+    load_tokens,
+)
+
+log = logging.getLogger(__name__)
 
 READY = "trims gateway ready"
 
@@ -34,10 +51,52 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tokens-file",
         type=Path,
         help="bearer tokens, one 'SECRET SCOPE[,SCOPE] [NAME]' per line "
-        "(also $TRIMS_GATEWAY_TOKENS); none = no authentication",
+        "(also $TRIMS_GATEWAY_TOKENS); none = an admin token generated in the state directory",
     )
     parser.add_argument(
-        "--state-dir", type=Path, help="keep deployed specs here so a restart restores them"
+        "--no-auth",
+        action="store_true",
+        help="check no credentials: anyone who reaches the port may deploy code (trusted "
+        "single-user machines only)",
+    )
+    parser.add_argument(
+        "--anonymous-scopes",
+        help="comma-separated scopes of requests without a token (read, invoke:*, "
+        "invoke:NAME; '' for none). Default: read,invoke:* on loopback with the generated "
+        "token, none otherwise",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep deployed specs here so a restart restores them; the generated admin token "
+        "lives in its auth/ (default for the token: $XDG_STATE_HOME/trims/gateway, "
+        "/var/lib/trims/gateway for root, else ~/.local/state/trims/gateway)",
+    )
+    parser.add_argument(
+        "--code-root",
+        type=Path,
+        action="append",
+        default=[],
+        help="only deploy code_dirs under this directory (repeatable; default: any directory "
+        "that is not a system or trims directory)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send its request head before it is disconnected",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may stall before the request is refused",
+    )
+    parser.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=256,
+        help="open connections one client address may hold; more are answered 503",
     )
     parser.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests"
@@ -69,15 +128,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
+def _anonymous_scopes(args: argparse.Namespace, tokens_given: bool) -> frozenset[str]:
+    if args.anonymous_scopes is not None:
+        return frozenset(s.strip() for s in args.anonymous_scopes.split(",") if s.strip())
+    if tokens_given or not is_loopback(args.host):
+        return frozenset()
+    return LOCAL_ANONYMOUS_SCOPES
+
+
 def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> GatewaySettings:
+    """The settings the arguments describe; no file is read or written but the tokens file.
+
+    :func:`with_admin_token` adds the generated admin token where one is needed.
+    """
     from trims.telemetry import otlp_endpoint_from_env
 
+    tokens = load_tokens(args.tokens_file, env)
+    if args.no_auth and (tokens or args.anonymous_scopes is not None):
+        raise ValidationError(
+            "--no-auth turns authentication off; drop --tokens-file, $TRIMS_GATEWAY_TOKENS "
+            "and --anonymous-scopes, or drop --no-auth"
+        )
     return GatewaySettings(
         host=args.host,
         port=args.port,
         executor=args.executor,
         store_socket=args.store_socket or default_socket(env),
-        tokens=load_tokens(args.tokens_file, env),
+        tokens=tokens,
+        auth=not args.no_auth,
+        anonymous_scopes=frozenset() if args.no_auth else _anonymous_scopes(args, bool(tokens)),
+        code_roots=tuple(p.resolve() for p in args.code_root),
+        store_dir=getattr(args, "store_dir", None) or data_dir(env),
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections_per_peer=args.max_connections_per_peer,
         state_dir=args.state_dir,
         drain_timeout_s=args.drain_timeout,
         instance_limit=args.instance_limit,
@@ -86,6 +170,34 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         access_log=args.access_log,
         name=args.name or env.get("TRIMS_GATEWAY_NAME") or None,
     )
+
+
+def with_admin_token(settings: GatewaySettings, env: Mapping[str, str]) -> GatewaySettings:
+    """The settings with the generated admin token when auth is on and no token is configured.
+
+    The token file is created on first start and reused after (see
+    :mod:`trims.runtime.gateway.admin_token`); where it is gets logged, never the secret.
+    """
+    from trims.runtime.gateway.admin_token import admin_token_path, ensure_admin_token
+
+    if not settings.auth:
+        log.warning(
+            "authentication is OFF (--no-auth): anyone who can connect to %s:%d may deploy "
+            "code and run it on this host; use it on trusted single-user machines only",
+            settings.host, settings.port,
+        )  # fmt: skip
+        return settings
+    if settings.tokens:
+        return settings
+    state = settings.state_dir or default_state_dir(env)
+    token = ensure_admin_token(state)
+    path = admin_token_path(state)
+    log.info(
+        "admin token in %s: deploying needs 'Authorization: Bearer <its content>' (trims "
+        "functions and trims up read it); callers without a token may: %s",
+        path, ", ".join(sorted(settings.anonymous_scopes)) or "nothing",
+    )  # fmt: skip
+    return dataclasses.replace(settings, tokens=(token,), admin_token_file=path)
 
 
 def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]) -> Any:
@@ -128,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     from trims.telemetry import setup_logging, setup_tracing
 
     setup_logging(args.log_level)
-    settings = settings_from_args(args, os.environ)
+    settings = with_admin_token(settings_from_args(args, os.environ), os.environ)
     if settings.otlp_endpoint:
         setup_tracing("trims-gateway", settings.otlp_endpoint)
     local = local_options(args)

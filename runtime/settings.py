@@ -6,6 +6,8 @@ build a :class:`GatewaySettings` and hand it to :func:`trims.runtime.gateway.cre
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,25 +27,54 @@ def check_gateway_name(name: str, what: str = "gateway name") -> None:
         )
 
 
+#: A token's name in the tokens file (it appears in logs and error messages).
+TOKEN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+#: Scopes a token (or an anonymous caller) may hold; ``invoke:<function>`` names one function.
+PLAIN_SCOPES = frozenset({"admin", "read", "invoke:*"})
+
+#: What a caller without a token may do on a gateway whose admin token was generated and which
+#: listens on loopback: invoke any function and read (list, get), so the README's ``curl``
+#: examples work; deploying, deleting and every other admin operation need the token.
+LOCAL_ANONYMOUS_SCOPES = frozenset({"invoke:*", "read"})
+
+
+def check_scope(scope: str, owner: str) -> None:
+    """Raise ValidationError unless ``scope`` is admin, read, invoke:* or invoke:<function>."""
+    if scope in PLAIN_SCOPES:
+        return
+    function = scope.removeprefix("invoke:")
+    if function == scope or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", function):
+        raise ValidationError(
+            f"{owner} has unknown scope {scope!r}; use admin, read, invoke:<function> or invoke:*"
+        )
+
+
 @dataclass(frozen=True)
 class Token:
     """One bearer token and what it may do. The secret never appears in ``repr`` or logs."""
 
     secret: str = field(repr=False)
-    #: ``admin`` (deploy, delete, everything), ``invoke:<function>`` or ``invoke:*``.
+    #: ``admin`` (deploy, delete, everything), ``read`` (list and get), ``invoke:<function>``
+    #: or ``invoke:*``.
     scopes: frozenset[str] = frozenset()
     #: A name for logs and metrics (``token-1``, or the name given in the tokens file).
     name: str = "token"
 
     def __post_init__(self) -> None:
+        if not TOKEN_NAME.fullmatch(self.name):
+            raise ValidationError(
+                f"token name {self.name!r} must be 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
         if len(self.secret) < 8:
             raise ValidationError(f"token {self.name!r} is shorter than 8 characters; use longer")
+        if not self.secret.isprintable() or any(c.isspace() for c in self.secret):
+            raise ValidationError(
+                f"token {self.name!r} contains spaces or control characters; use printable ones"
+            )
         for scope in self.scopes:
-            if scope != "admin" and not (scope.startswith("invoke:") and len(scope) > 7):
-                raise ValidationError(
-                    f"token {self.name!r} has unknown scope {scope!r}; "
-                    "use admin, invoke:<function> or invoke:*"
-                )
+            check_scope(scope, f"token {self.name!r}")
 
 
 @dataclass(frozen=True)
@@ -58,8 +89,24 @@ class GatewaySettings:
     executor: str = "local"
     #: The store socket handed to instances so their models come from the daemon.
     store_socket: Path | None = None
-    #: Bearer tokens; empty disables authentication (local development on loopback only).
+    #: Bearer tokens. `trims gateway` without a tokens file generates an admin token in the
+    #: state directory (see :mod:`trims.runtime.gateway.admin_token`) and puts it here.
     tokens: tuple[Token, ...] = ()
+    #: Check credentials. False (``--no-auth``) lets anyone who reaches the port deploy code
+    #: and is only ever an explicit choice; with True and no tokens, every operation outside
+    #: ``anonymous_scopes`` is refused (fail closed).
+    auth: bool = True
+    #: Scopes of a request without an ``Authorization`` header (``read``, ``invoke:*``, ...).
+    #: Never ``admin``. Default none: every request needs a token.
+    anonymous_scopes: frozenset[str] = frozenset()
+    #: The generated admin token's file, named in 401 answers so a caller knows where to look.
+    admin_token_file: Path | None = None
+    #: Roots a function's ``code_dir`` must lie under; empty allows any directory that is not
+    #: a system or trims directory (see :mod:`trims.runtime.gateway.code_rules`).
+    code_roots: tuple[Path, ...] = ()
+    #: The store daemon's directory: refused as a code_dir (function code must not read blobs
+    #: or the catalog behind the daemon's back).
+    store_dir: Path | None = None
     #: Where deployed function and pipeline specs are kept so a restarted gateway restores them;
     #: None keeps them in memory only.
     state_dir: Path | None = None
@@ -82,6 +129,21 @@ class GatewaySettings:
     #: Prepare the default executor at startup (the local executor starts its zygote), so the
     #: first cold start does not pay for it.
     warm_executor: bool = True
+    #: Seconds a client has to send a complete request head after it connects; slower clients
+    #: (slowloris) are disconnected. Later requests on a kept-alive connection fall under
+    #: ``keepalive_timeout_s``.
+    header_timeout_s: float = 10.0
+    #: Seconds a request body may stall (no bytes arrive) before the gateway answers 408 and
+    #: closes the connection.
+    body_timeout_s: float = 30.0
+    #: Seconds an idle kept-alive connection stays open (aiohttp's keepalive timeout).
+    keepalive_timeout_s: float = 75.0
+    #: Most open connections from one peer address; more are answered 503 and closed, so one
+    #: client cannot take every file descriptor. 256: room for a proxy or a load generator in
+    #: front of the gateway, far below ``max_connections`` and the usual fd limit.
+    max_connections_per_peer: int = 256
+    #: Most open connections in all; more are answered 503 and closed.
+    max_connections: int = 4096
     #: Log one line per request (aiohttp access log). Off by default: it costs throughput.
     access_log: bool = False
     #: This gateway's name on its Docker host: its containers carry it, and a gateway started
@@ -102,10 +164,53 @@ class GatewaySettings:
             raise ValidationError("instance limit must be at least 1")
         if self.max_invocations < 1:
             raise ValidationError("max invocations must be at least 1")
+        for scope in self.anonymous_scopes:
+            check_scope(scope, "anonymous access")
+        if "admin" in self.anonymous_scopes:
+            raise ValidationError(
+                "anonymous access may not have the admin scope; give admins a token "
+                "(or, on a trusted machine only, turn authentication off with --no-auth)"
+            )
+        for what, value in (
+            ("header timeout", self.header_timeout_s),
+            ("body timeout", self.body_timeout_s),
+            ("keepalive timeout", self.keepalive_timeout_s),
+        ):
+            if value <= 0:
+                raise ValidationError(f"{what} must be > 0 seconds, got {value}")
+        if self.max_connections_per_peer < 1 or self.max_connections < 1:
+            raise ValidationError("connection limits must be at least 1")
+        for root in self.code_roots:
+            if not root.is_absolute():
+                raise ValidationError(f"code root {root} must be an absolute path")
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.tokens)
+        return self.auth
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def default_state_dir(env: Mapping[str, str], uid: int | None = None) -> Path:
+    """Where the gateway keeps its admin token when ``--state-dir`` is not given.
+
+    ``$XDG_STATE_HOME/trims/gateway`` when set (XDG: state that survives restarts but is not
+    user data); else ``/var/lib/trims/gateway`` for root (the FHS place for a service's state,
+    not root's home); else ``~/.local/state/trims/gateway``.
+    """
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]) / "trims" / "gateway"
+    if (os.getuid() if uid is None else uid) == 0:
+        return Path("/var/lib/trims/gateway")
+    return Path(env.get("HOME") or Path.home()) / ".local" / "state" / "trims" / "gateway"
 
 
 def parse_tokens(text: str, source: str) -> tuple[Token, ...]:

@@ -195,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
     from trims.telemetry import setup_logging, setup_tracing
 
     setup_logging(args.log_level)
-    settings = gateway_cli.settings_from_args(args, os.environ)
+    settings = gateway_cli.with_admin_token(
+        gateway_cli.settings_from_args(args, os.environ), os.environ
+    )
     if settings.otlp_endpoint:
         setup_tracing("trims-gateway", settings.otlp_endpoint)
     store_socket = settings.store_socket

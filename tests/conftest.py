@@ -11,6 +11,7 @@ import pytest
 pytest_plugins = [
     "tests.fixtures.store",
     "tests.fixtures.runtime",
+    "tests.fixtures.unprivileged",
 ]
 
 

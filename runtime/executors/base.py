@@ -85,6 +85,11 @@ class Instance(abc.ABC):
 class Executor(Protocol):
     name: str
 
+    def check(self, spec: FunctionSpec) -> None:
+        """At deploy, before any instance: raise (ValidationError) what would keep ``spec``
+        from running here that the executor can tell now (e.g. code its user cannot read)."""
+        ...
+
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
         """Create the instance (process/container exists); the caller then awaits wait_ready."""
         ...

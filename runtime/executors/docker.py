@@ -45,6 +45,7 @@ from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, Valid
 from trims.runtime.executors.base import Instance, WorkerInstance, pop_managed, terminate_all
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
+from trims.runtime.worker.access import User, check_code_as
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
 log = logging.getLogger(__name__)
@@ -346,6 +347,26 @@ class DockerExecutor:
                         "start", self.settings.owner, e)  # fmt: skip
             return []
 
+    def check(self, spec: FunctionSpec) -> None:
+        """At deploy: ValidationError if the container's user could not read the code it gets
+        (the bind-mounted ``code_dir``: the directory and the handler module, not its host
+        ancestors). Only a root caller can take that user's ids to check; others run
+        containers as themselves."""
+        if os.getuid() != 0 or spec.code_dir is None:
+            return
+        uid, _, gid = self._user.partition(":")
+        store_group = self._store_group()
+        user = User(int(uid), int(gid or uid), () if store_group is None else (store_group,))
+        check_code_as(spec, user, mounted=True)
+
+    def _store_group(self) -> int | None:
+        """The supplementary group a container gets to reach the store socket (None: none)."""
+        store = self._store_socket
+        if store is None or not store.exists():
+            return None
+        gid = self.settings.store_group
+        return store.stat().st_gid if gid is None else gid
+
     def _socket_dir(self, instance_id: str) -> Path:
         """A directory only this instance's container writes its socket into."""
         path = self.state_dir / instance_id
@@ -379,8 +400,7 @@ class DockerExecutor:
             mounts.append(docker.types.Mount(CONTAINER_STORE_SOCKET, str(store), type="bind"))
             worker_argv += ["--store-socket", CONTAINER_STORE_SOCKET]
             environment["TRIMS_SOCKET"] = CONTAINER_STORE_SOCKET
-            gid = self.settings.store_group
-            group_add.append(str(store.stat().st_gid if gid is None else gid))
+            group_add.append(str(self._store_group()))
         else:
             log.warning(
                 "store socket %s does not exist; instance %s of %s loads models from their source",

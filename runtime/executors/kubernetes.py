@@ -556,6 +556,10 @@ class KubernetesExecutor:
             self._core = client.CoreV1Api()
         return self._core
 
+    def check(self, spec: FunctionSpec) -> None:
+        """Nothing to check at deploy: the code is in the image, which the pod runs as a
+        non-root user (its securityContext); the kubelet reports what it cannot start."""
+
     def manifest(self, spec: FunctionSpec, instance_id: str) -> dict[str, Any]:
         return pod_manifest(
             spec, instance_id, self.settings, namespace=self.namespace, executor_id=self.id

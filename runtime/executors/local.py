@@ -5,6 +5,14 @@ and onnxruntime; ``zygote=False`` spawns ``python -m trims worker`` for each ins
 cold-start baseline). Either way the worker confines itself (memory limit, ``run_as`` user,
 dies with its parent) before it loads function code, writes its log to
 ``<state_dir>/<instance>.log``, and gets ``TRIMS_SOCKET`` so its models come from the store.
+
+Function code never runs as root (Note [function code never runs as root] in
+:mod:`trims.runtime.worker.sandbox`): an executor running as root runs workers as ``run_as``,
+by default ``trims`` if that user exists, else ``nobody``; ``run_as`` naming root is refused.
+:meth:`LocalExecutor.check` (called at deploy) refuses a function whose code that user cannot
+read, checked as that user in a forked child; at start the executor warns when that user cannot
+read the interpreter's library or the trims packages (the zygote preloads what workers need, so
+only modules that function code imports itself are affected).
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from trims.errors import NotFound, Unavailable, ValidationError
 from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.executors.zygote import Zygote
 from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+from trims.runtime.worker.sandbox import effective_run_as, resolve_user
 from trims.telemetry import inject_context
 
 log = logging.getLogger(__name__)
@@ -44,7 +54,9 @@ class LocalExecutorSettings:
     state_dir: Path | None = None
     #: Store socket passed to workers as TRIMS_SOCKET; None = trims.config.default_socket().
     store_socket: Path | None = None
-    #: User the workers run as (name or uid); None = this process's user.
+    #: User the workers run as (name or uid), never root; None = ``trims`` if that user exists,
+    #: else ``nobody``, when this process is root (function code never runs as root), and this
+    #: process's own user otherwise.
     run_as: str | None = None
     #: Modules the zygote imports before forking (missing ones are skipped).
     preload: tuple[str, ...] = DEFAULT_PRELOAD
@@ -176,11 +188,13 @@ class LocalExecutor:
             except TypeError as e:
                 raise ValidationError(f"local executor: {e}") from e
         self.settings = settings
-        if settings.run_as is None and os.getuid() == 0:
-            log.warning(
-                "the local executor runs function code as root: it can reach the store's admin "
-                "socket and all else root can; confine it with --run-as USER (e.g. nobody)"
-            )
+        #: The user workers run as (None: this process's own, non-root, user).
+        self.run_as = effective_run_as(settings.run_as)
+        self._user: User | None = None
+        if self.run_as is not None and os.getuid() == 0:
+            uid, gid = resolve_user(self.run_as)
+            self._user = User(uid, gid)
+            self._warn_unreadable_runtime(self._user)
         self._own_state_dir = settings.state_dir is None
         self._state_dir: Path | None = settings.state_dir
         self._zygote: Zygote | None = None
@@ -189,17 +203,36 @@ class LocalExecutor:
         self._instances: dict[str, LocalInstance] = {}
         self._closed = False
 
+    def _warn_unreadable_runtime(self, user: User) -> None:
+        try:
+            unreadable = unreadable_runtime(user)
+        except OSError as e:
+            log.warning("cannot tell whether user %s can read the runtime's files: %s",
+                        user.label, e)  # fmt: skip
+            return
+        if unreadable:
+            log.warning(
+                "user %s that function code runs as cannot read %s: workers have the modules "
+                "the zygote preloaded, but function code importing any other module from there "
+                "fails; install Python and trims where that user can read them, or give the "
+                "directories above them the search bit (chmod o+x)",
+                user.label, ", ".join(unreadable),
+            )  # fmt: skip
+
+    def check(self, spec: FunctionSpec) -> None:
+        """At deploy: ValidationError if the user workers run as cannot read the function's
+        code (checked as that user; without root, workers run as this process's user)."""
+        if self._user is not None:
+            check_code_as(spec, self._user)
+
     @property
     def state_dir(self) -> Path:
         if self._state_dir is None:
             self._state_dir = Path(tempfile.mkdtemp(prefix="trims-local-"))
         if not self._state_dir.exists():
             self._state_dir.mkdir(parents=True, mode=0o755)
-        if self.settings.run_as is not None and os.getuid() == 0:
-            from trims.runtime.worker.sandbox import resolve_user
-
-            uid, gid = resolve_user(self.settings.run_as)
-            os.chown(self._state_dir, uid, gid)
+        if self._user is not None:
+            os.chown(self._state_dir, self._user.uid, self._user.gid)
         return self._state_dir
 
     @property
@@ -256,8 +289,8 @@ class LocalExecutor:
         ]  # fmt: skip
         if self.settings.store_socket is not None:
             argv += ["--store-socket", str(self.settings.store_socket)]
-        if self.settings.run_as is not None:
-            argv += ["--run-as", self.settings.run_as]
+        if self.run_as is not None:
+            argv += ["--run-as", self.run_as]
         return argv
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:

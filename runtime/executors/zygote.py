@@ -23,6 +23,11 @@ Invariants (see Note [fork safety]):
   (or not yet reaped) child, never a recycled one.
 * When the executor goes away (EOF on the socket, or its death via PR_SET_PDEATHSIG), the
   zygote kills every worker's process group, reaps them and exits.
+
+Note [zygote imports as root]: the zygote runs as the executor's user (root on a node) and its
+children drop to the unprivileged ``run_as`` user. It imports every module a worker needs
+(:data:`trims.runtime.worker.imports.WORKER_MODULES`) so that a worker never has to read the
+project's files after the drop: they may sit where that user cannot read them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import importlib
 import json
 import logging
 import os
@@ -48,20 +52,6 @@ from trims.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
-#: Imported in the zygote besides the frameworks: what every worker needs anyway.
-RUNTIME_MODULES = (
-    "numpy.random",
-    "trims.runtime.worker.runner",
-    "trims.runtime.worker_cli",
-    "trims.runtime.client",
-    "trims.runtime.models",
-    "trims.telemetry",
-    "opentelemetry.propagate",
-    "uvloop",
-    "yaml",
-)
-
-
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -69,14 +59,10 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _preload(modules: Sequence[str]) -> list[str]:
-    loaded = []
-    for name in (*modules, *RUNTIME_MODULES):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
-        loaded.append(name)
-    return loaded
+    """The frameworks, then everything a worker imports (Note [zygote imports as root])."""
+    from trims.runtime.worker.imports import WORKER_MODULES, preimport
+
+    return preimport([*modules, *(m for m in WORKER_MODULES if m not in modules)])
 
 
 class _Zygote:

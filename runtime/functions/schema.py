@@ -50,8 +50,19 @@ FUNCTION_SCHEMA: dict[str, Any] = {
     "anyOf": [{"required": ["handler"]}, {"required": ["image"]}],
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
-        "handler": {"type": "string", "pattern": r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"},
-        "code_dir": {"type": "string", "minLength": 1},
+        "handler": {
+            "type": "string",
+            "description": "module:function; the module must be a file or package in code_dir "
+            "(or one of the project's benchmark modules, trims.kernels.* / trims.evaluation.*)",
+            "pattern": r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$",
+        },
+        "code_dir": {
+            "type": "string",
+            "description": "absolute directory holding the handler module; no '..', no system "
+            "or trims directory",
+            "pattern": "^/",
+            "maxLength": 4096,
+        },
         "image": {"type": "string", "minLength": 1},
         "executor": {"type": "string", "pattern": "^[a-z][a-z0-9-]{0,62}$"},
         "models": {
@@ -62,11 +73,11 @@ FUNCTION_SCHEMA: dict[str, Any] = {
                 "required": ["name"],
                 "properties": {
                     "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
-                    "version": {"type": "string"},
+                    "version": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"},
                     "source": {"type": "string", "minLength": 1},
                     "framework": {"enum": ["numpy", "torch", "onnxruntime", "mxnet"]},
                     "tier": {"enum": ["cpu", "gpu", "disk"]},
-                    "alias": {"type": "string", "minLength": 1},
+                    "alias": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
                 },
             },
         },
@@ -93,7 +104,11 @@ FUNCTION_SCHEMA: dict[str, Any] = {
                 "max_body_bytes": _SIZE,
             },
         },
-        "env": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+        "env": {
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
+            "additionalProperties": {"type": ["string", "number"]},
+        },
         "config": {"type": "object"},
         "serves": {
             "type": "object",

@@ -33,9 +33,15 @@ __all__ = [
     "parse_spec",
 ]
 
-FUNCTION_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-HANDLER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Note [full-string names]: every pattern here is applied with ``fullmatch``. ``re.match`` with
+# ``$`` accepts a trailing newline ("echo\n"), and these names become file names (the gateway's
+# state dir), label values and URL paths. \w is ASCII-only (re.ASCII) for the same reason.
+FUNCTION_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+HANDLER_RE = re.compile(r"[A-Za-z_]\w{0,99}(\.[A-Za-z_]\w{0,99}){0,15}:[A-Za-z_]\w{0,99}", re.ASCII)
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: A model name in a spec: the store's rule (trims.layout), as a full-string match.
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 FRAMEWORKS = ("numpy", "torch", "onnxruntime", "mxnet")
 TIERS = ("cpu", "gpu", "disk")
 #: Open Inference Protocol tensor datatypes.
@@ -185,7 +191,7 @@ def _mapping(value: Any, path: str, allowed: frozenset[str] | None = None) -> Ma
 def _str(value: Any, path: str, pattern: re.Pattern[str] | None = None, hint: str = "") -> str:
     if not isinstance(value, str) or not value:
         raise _fail(path, "must be a non-empty string", value)
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         raise _fail(path, f"must be {hint}", value)
     return value
 
@@ -224,13 +230,27 @@ def _size(value: Any, path: str) -> int:
 def _model(value: Any, path: str) -> ModelRef:
     allowed = frozenset({"name", "version", "source", "framework", "tier", "alias"})
     data = _mapping(value, path, allowed)
+    raw_name = data.get("name")
+    if not isinstance(raw_name, str) or not MODEL_NAME_RE.fullmatch(raw_name):
+        raise _fail(
+            f"{path}.name",
+            "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            raw_name,
+        )
+    version = data.get("version")
+    if version is not None and not VERSION_RE.fullmatch(str(version)):
+        raise _fail(
+            f"{path}.version", "must be 1-64 letters, digits, '.', '_', '+' or '-'", version
+        )
     try:
-        name = validate_model_name(data.get("name"))
-        version = data.get("version")
+        name = validate_model_name(raw_name)
         if version is not None:
             version = validate_version(str(version))
     except ValidationError as e:
         raise ValidationError(f"{path}: {e.message}", field=path) from e
+    alias = data.get("alias")
+    if alias is not None:
+        alias = _str(alias, f"{path}.alias", MODEL_NAME_RE, "a name like the model's")
     framework = data.get("framework", "numpy")
     if framework not in FRAMEWORKS:
         raise _fail(f"{path}.framework", f"must be one of {', '.join(FRAMEWORKS)}", framework)
@@ -243,7 +263,7 @@ def _model(value: Any, path: str) -> ModelRef:
         source=_opt_str(data, "source", f"{path}."),
         framework=framework,
         tier=tier,
-        alias=_opt_str(data, "alias", f"{path}."),
+        alias=alias,
     )
 
 
@@ -337,7 +357,7 @@ def _config(value: Any) -> Mapping[str, Any]:
     return MappingProxyType(copied)
 
 
-_EXECUTOR_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_EXECUTOR_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 
 
 def _executor(value: Any) -> str | None:
@@ -345,11 +365,28 @@ def _executor(value: Any) -> str | None:
     more than the built-in local, docker and kubernetes)."""
     if value is None:
         return None
-    if not isinstance(value, str) or not _EXECUTOR_RE.match(value):
+    if not isinstance(value, str) or not _EXECUTOR_RE.fullmatch(value):
         raise _fail(
             "executor", "must be an executor name such as local, docker or kubernetes", value
         )
     return value
+
+
+def _code_dir(value: Any) -> str | None:
+    """An absolute path without ``..`` components; whether it exists and may hold code is
+    checked at deploy (``trims.runtime.gateway.code_rules``), where the host is known."""
+    if value is None:
+        return None
+    path = _str(value, "code_dir")
+    if len(path) > 4096 or not path.isprintable():
+        raise _fail("code_dir", "must be a printable path of at most 4096 characters", value)
+    if not path.startswith("/"):
+        raise _fail(
+            "code_dir", "must be an absolute path (a spec file's relative one is resolved)", value
+        )
+    if ".." in path.split("/"):
+        raise _fail("code_dir", "must not contain '..' components", value)
+    return path
 
 
 def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
@@ -381,7 +418,7 @@ def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
     return FunctionSpec(
         name=name,
         handler=handler,
-        code_dir=_opt_str(data, "code_dir", ""),
+        code_dir=_code_dir(data.get("code_dir")),
         image=image,
         models=models,
         resources=_resources(data.get("resources", {})),
@@ -418,6 +455,11 @@ def load_spec_file(path: Path) -> FunctionSpec:
         raise ValidationError(f"{path}: a function spec must be a mapping at the top level")
     data = dict(data)
     code_dir = data.get("code_dir")
+    if isinstance(code_dir, str) and ".." in Path(code_dir).parts:
+        raise ValidationError(
+            f"{path}: code_dir: must not contain '..' components, got {code_dir!r}",
+            field="code_dir",
+        )
     if isinstance(code_dir, str) and not Path(code_dir).is_absolute():
         data["code_dir"] = str((path.parent / code_dir).resolve())
     elif code_dir is None and data.get("handler") and data.get("image") is None:

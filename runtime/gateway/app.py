@@ -75,7 +75,12 @@ def create_app(settings: GatewaySettings, executor_factory: ExecutorFactory) -> 
     middlewares = [error_middleware, trace_middleware] if gateway.tracing else [error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[GATEWAY] = gateway
-    app[AUTH] = Authenticator(settings.tokens)
+    app[AUTH] = Authenticator(
+        settings.tokens,
+        enabled=settings.auth,
+        anonymous_scopes=settings.anonymous_scopes,
+        token_file=settings.admin_token_file,
+    )
     app[_OPENAPI] = openapi_document()
     api_functions.add_routes(app)
     api_pipelines.add_routes(app)

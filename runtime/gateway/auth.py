@@ -1,46 +1,76 @@
-"""Bearer tokens with scopes.
+"""Bearer tokens with scopes, and what a caller without a token may do.
 
 A request names a token in ``Authorization: Bearer <secret>``. The secret is compared with every
 configured token by :func:`hmac.compare_digest` (no early exit, so timing says nothing about
 which prefix matched) and is never logged: logs and errors name the token by its ``name``.
 
-Scopes: ``admin`` may do everything; ``invoke:<function>`` may invoke that function (and its
-models over the Open Inference Protocol); ``invoke:*`` may invoke any function. Reading the
-function list needs any valid token. With no tokens configured, authentication is off.
+Scopes: ``admin`` may do everything; ``read`` may list and get functions, pipelines and
+invocations; ``invoke:<function>`` may invoke that function (and its models over the Open
+Inference Protocol); ``invoke:*`` may invoke any function. Reading with a token needs any valid
+token. A request without an ``Authorization`` header has the gateway's ``anonymous_scopes``
+(never admin); when it needs more, the answer is 401 naming the admin token file, if any.
+Authentication is off only when the settings say so explicitly (``--no-auth``).
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Iterable
+from pathlib import Path
 
 from aiohttp import web
 
 from trims.errors import PermissionDenied, Unauthorized
 from trims.runtime.settings import Token
 
+__all__ = ["Authenticator", "may_invoke"]
+
 
 class Authenticator:
     """Finds the token of a request and checks its scopes."""
 
-    def __init__(self, tokens: Iterable[Token]) -> None:
+    def __init__(
+        self,
+        tokens: Iterable[Token],
+        *,
+        enabled: bool = True,
+        anonymous_scopes: frozenset[str] = frozenset(),
+        token_file: Path | None = None,
+    ) -> None:
         self._tokens = tuple(tokens)
         self._secrets = tuple(t.secret.encode() for t in self._tokens)
+        self._enabled = enabled
+        self._anonymous = Token("anonymous-caller", anonymous_scopes, "anonymous")
+        self._token_file = token_file
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens)
+        return self._enabled
+
+    def _missing(self, what: str) -> Unauthorized:
+        where = (
+            f"the admin token is in {self._token_file} (readable by the user running the gateway); "
+            if self._token_file is not None
+            else ""
+        )
+        return Unauthorized(
+            f"{what} needs a token: {where}send it as 'Authorization: Bearer <token>' "
+            "(the trims CLI reads --token, $TRIMS_TOKEN or that file)"
+        )
 
     def authenticate(self, request: web.Request) -> Token | None:
-        """The request's token; None when authentication is off. Raises Unauthorized."""
-        if not self._tokens:
+        """The request's token (the anonymous one without a header); None when auth is off.
+
+        Raises Unauthorized for a malformed header or an unknown secret.
+        """
+        if not self._enabled:
             return None
-        header = request.headers.get("Authorization", "")
+        header = request.headers.get("Authorization")
+        if header is None:
+            return self._anonymous
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
-            raise Unauthorized(
-                "send 'Authorization: Bearer <token>'; this gateway requires a token"
-            )
+            raise self._missing("this gateway")
         presented = secret.strip().encode()
         found: Token | None = None
         for token, expected in zip(self._tokens, self._secrets, strict=True):
@@ -50,15 +80,21 @@ class Authenticator:
             raise Unauthorized("the bearer token is not known to this gateway; check it")
         return found
 
+    def _refuse(self, token: Token, what: str, scope: str) -> Exception:
+        if token is self._anonymous:
+            return self._missing(what)
+        return PermissionDenied(f"token {token.name!r} lacks the {scope} scope {what} needs")
+
     def require_admin(self, request: web.Request) -> None:
         token = self.authenticate(request)
         if token is not None and "admin" not in token.scopes:
-            raise PermissionDenied(
-                f"token {token.name!r} lacks the admin scope this operation needs"
-            )
+            raise self._refuse(token, "this operation (deploy, update or delete)", "admin")
 
     def require_any(self, request: web.Request) -> None:
-        self.authenticate(request)
+        """Reading: any valid token, or an anonymous caller with the ``read`` scope."""
+        token = self.authenticate(request)
+        if token is self._anonymous and not ({"read", "admin"} & token.scopes):
+            raise self._missing("reading")
 
     def require_invoke(self, request: web.Request, functions: Iterable[str]) -> None:
         token = self.authenticate(request)
@@ -66,6 +102,8 @@ class Authenticator:
             return
         for function in functions:
             if not may_invoke(token, function):
+                if token is self._anonymous:
+                    raise self._missing(f"invoking {function}")
                 raise PermissionDenied(
                     f"token {token.name!r} lacks scope invoke:{function} "
                     "(or invoke:*, or admin) to invoke this function"

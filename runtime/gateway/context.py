@@ -24,8 +24,26 @@ def auth_of(request: web.Request) -> Authenticator:
     return request.app[AUTH]
 
 
+async def _chunk(request: web.Request, read: Any) -> bytes:
+    """One read of the body that fails when no byte arrives for the body timeout."""
+    stall = gateway_of(request).settings.body_timeout_s
+    try:
+        async with asyncio.timeout(stall):
+            chunk: bytes = await read()
+            return chunk
+    except TimeoutError:
+        raise RequestError(
+            f"the request body stalled: no bytes arrived for {stall:.0f}s; send it without "
+            "pauses (the connection is closed)"
+        ) from None
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body, refusing with 413 as soon as it is known to exceed ``limit`` bytes."""
+    """The body, refusing with 413 as soon as it is known to exceed ``limit`` bytes.
+
+    A body that stalls (no bytes for ``body_timeout_s``) is refused with 400; aiohttp then
+    closes the connection because the body was not read to its end.
+    """
     declared = request.content_length
     if declared is not None and declared > limit:
         raise PayloadTooLarge(
@@ -33,16 +51,12 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             "(scaling.max_body_bytes)",
             limit=limit,
         )
-    if declared is not None:
-        try:
-            return await request.content.readexactly(declared) if declared else b""
-        except asyncio.IncompleteReadError as e:
-            raise RequestError(
-                f"the body ended after {len(e.partial)} of {declared} declared bytes"
-            ) from None
     chunks: list[bytes] = []
     total = 0
-    async for chunk in request.content.iter_any():
+    while True:
+        chunk = await _chunk(request, request.content.readany)
+        if not chunk:
+            break
         total += len(chunk)
         if total > limit:
             raise PayloadTooLarge(
@@ -51,12 +65,15 @@ async def read_body(request: web.Request, limit: int) -> bytes:
                 limit=limit,
             )
         chunks.append(chunk)
+    if declared is not None and total != declared:
+        raise RequestError(f"the body ended after {total} of {declared} declared bytes")
     return b"".join(chunks)
 
 
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON; 400 saying what is wrong otherwise."""
-    body = await request.read()
+    limit = gateway_of(request).settings.max_body_bytes
+    body = await read_body(request, limit)
     if not body:
         raise RequestError("the request needs a JSON body")
     try:

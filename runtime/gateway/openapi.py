@@ -400,6 +400,14 @@ def openapi_document() -> dict[str, Any]:
         "paths": _paths(),
         "components": {
             "schemas": {**_SCHEMAS, "FunctionSpec": _function_spec_schema()},
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Scopes: admin, read, invoke:<function>, invoke:*. Without "
+                    "a tokens file the gateway generates an admin token in <state dir>/auth/"
+                    "admin-token; callers without a token have the gateway's anonymous scopes.",
+                }
+            },
         },
     }

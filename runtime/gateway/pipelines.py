@@ -32,14 +32,15 @@ from trims.runtime.gateway.invocations import Outcome
 
 tracer = trace.get_tracer(__name__)
 
-NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: Pipeline and step names; applied with fullmatch (see Note [full-string names] in spec.py).
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 PIPELINE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["name", "steps"],
     "properties": {
-        "name": {"type": "string", "pattern": NAME_RE.pattern},
+        "name": {"type": "string", "pattern": f"^{NAME_RE.pattern}$"},
         "steps": {
             "type": "array",
             "minItems": 1,
@@ -48,8 +49,8 @@ PIPELINE_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "required": ["name", "function"],
                 "properties": {
-                    "name": {"type": "string", "pattern": NAME_RE.pattern},
-                    "function": {"type": "string", "pattern": NAME_RE.pattern},
+                    "name": {"type": "string", "pattern": f"^{NAME_RE.pattern}$"},
+                    "function": {"type": "string", "pattern": f"^{NAME_RE.pattern}$"},
                     "after": {"type": "array", "items": {"type": "string"}},
                 },
             },
@@ -98,7 +99,7 @@ class PipelineSpec:
 
 
 def _name(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ValidationError(
             f"{path}: must be lower-case letters, digits and '-' (at most 63), got {value!r}",
             field=path,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from trims.runtime.gateway.app import create_app
+from trims.runtime.gateway.connections import ConnectionGuard, GuardedTCPSite
 from trims.runtime.gateway.context import GATEWAY
 from trims.runtime.gateway.service import ExecutorFactory
 from trims.runtime.settings import GatewaySettings
@@ -31,19 +32,13 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then drain and return."""
     app = create_app(settings, executor_factory)
-    runner = web.AppRunner(
-        app,
-        handle_signals=False,
-        access_log=logging.getLogger("trims.access") if settings.access_log else None,
-    )
-    await runner.setup()
+    runner = await start_runner(app, settings)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-        await site.start()
+        await start_site(runner, settings, settings.host, settings.port)
         address = _address(runner)
         log.info("gateway listening on %s (executor %s)", address, settings.executor)
         if on_ready is not None:
@@ -58,6 +53,27 @@ async def serve(
             loop.remove_signal_handler(sig)
         await runner.cleanup()
     log.info("gateway stopped")
+
+
+async def start_runner(app: web.Application, settings: GatewaySettings) -> web.AppRunner:
+    """The app's runner, set up, with the settings' keep-alive timeout and access log."""
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=logging.getLogger("trims.access") if settings.access_log else None,
+        keepalive_timeout=settings.keepalive_timeout_s,
+    )
+    await runner.setup()
+    return runner
+
+
+async def start_site(
+    runner: web.AppRunner, settings: GatewaySettings, host: str, port: int
+) -> GuardedTCPSite:
+    """Listen on ``host:port`` behind the settings' connection limits (see connections.py)."""
+    site = GuardedTCPSite(runner, ConnectionGuard(settings), host=host, port=port, backlog=1024)
+    await site.start()
+    return site
 
 
 def _address(runner: web.AppRunner) -> str:

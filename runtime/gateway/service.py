@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, Valid
 from trims.runtime.executors.base import Executor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.gateway.budget import InstanceBudget
+from trims.runtime.gateway.code_rules import check_code
 from trims.runtime.gateway.invocations import Invocations, Outcome
 from trims.runtime.gateway.metrics import GatewayMetrics
 from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
@@ -31,6 +33,10 @@ from trims.telemetry import inject_context
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
+
+#: Executors on which a spec's code_dir is a path inside the image, not on this host; every
+#: other executor (local; docker bind-mounts it) gets the host checks of code_rules.
+IMAGE_CODE_EXECUTORS = frozenset({"kubernetes"})
 
 #: executor name -> a started executor (the gateway owns and closes it).
 ExecutorFactory = Callable[[str], Executor]
@@ -127,7 +133,15 @@ class Gateway:
             raise AlreadyExists(
                 f"function {spec.name} exists; PUT /v1/functions/{spec.name} updates it"
             )
-        executor = self._executor(spec.executor or self.settings.executor)
+        executor_name = spec.executor or self.settings.executor
+        executor = self._executor(executor_name)
+        check_code(
+            spec,
+            protected=self._protected_dirs(),
+            roots=self.settings.code_roots,
+            on_host=executor_name not in IMAGE_CODE_EXECUTORS,
+        )
+        executor.check(spec)
         pool = Pool(spec, executor, self.metrics, budget=self.budget)
         self.pools[spec.name] = pool
         pool.start()
@@ -138,6 +152,14 @@ class Gateway:
         else:
             log.info("function %s deployed", spec.name)
         return old is None
+
+    def _protected_dirs(self) -> list[Path]:
+        """The gateway's own directories: never a function's code_dir."""
+        settings = self.settings
+        dirs = [d for d in (settings.state_dir, settings.store_dir) if d is not None]
+        if settings.admin_token_file is not None:
+            dirs.append(settings.admin_token_file.parent.parent)
+        return dirs
 
     async def remove(self, name: str) -> None:
         pool = self.pool(name)

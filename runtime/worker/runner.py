@@ -24,16 +24,18 @@ from typing import Any
 
 from opentelemetry import trace
 
-from trims.config import format_size
+from trims.config import admin_socket_for, default_socket, format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
 from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
+from trims.runtime.worker.access import User, check_code
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, EXIT_OUT_OF_MEMORY
+from trims.runtime.worker.imports import TRACING_MODULES, WORKER_MODULES, preimport
 from trims.runtime.worker.loader import FunctionCode, load_code
 from trims.runtime.worker.models import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
-from trims.runtime.worker.sandbox import Confinement, confine
+from trims.runtime.worker.sandbox import Confinement, confine, verify_unprivileged
 from trims.runtime.worker.server import ListenAddress, WorkerServer
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,14 @@ class WorkerSettings:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, store: Any = None) -> None:
-        """``store``: a StoreClient connected before privileges were dropped (or None)."""
+    def __init__(
+        self, settings: WorkerSettings, store: Any = None, dropped_to: str | None = None
+    ) -> None:
+        """``store``: a StoreClient connected before privileges were dropped (or None);
+        ``dropped_to``: the user the process dropped to (None: it runs as its own user)."""
         self.settings = settings
         self._store = store
+        self._dropped_to = dropped_to
         self.spec = settings.spec
         self._pool = ThreadPoolExecutor(
             max_workers=self.spec.scaling.concurrency, thread_name_prefix=f"fn-{self.spec.name}"
@@ -76,8 +82,17 @@ class Worker:
             {"pid": os.getpid(), "function": self.spec.name, "instance": settings.instance_id},
         )
 
+    def _check_confinement(self) -> None:
+        """Before any function code: prove the drop held, and that the code is readable."""
+        user = self._dropped_to
+        if user is not None:
+            store = self.settings.store_socket or default_socket(dict(os.environ))
+            verify_unprivileged(admin_socket_for(store))
+        check_code(self.spec, User(os.getuid(), os.getgid()).label)
+
     async def initialize(self) -> None:
         """Acquire models, import code, run init(ctx). Raises with the reason on failure."""
+        self._check_confinement()
         t0 = time.perf_counter()
         parent = _extract(self.settings.start_trace) if self.settings.start_trace else None
         with _tracer.start_as_current_span(
@@ -191,12 +206,12 @@ def _extract(carrier: Mapping[str, str]) -> Any:
     return extract_context(dict(carrier))
 
 
-async def _serve(settings: WorkerSettings, store: Any) -> int:
+async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(settings, store)
+    worker = Worker(settings, store, dropped_to)
     await worker.server.start()
     try:
         try:
@@ -248,22 +263,28 @@ def size_thread_pools(cpus: float | None) -> None:
 
 
 def run_worker(settings: WorkerSettings) -> int:
-    """The worker process's main: confine, set up telemetry, serve until SIGTERM."""
+    """The worker process's main: set up telemetry, confine, serve until SIGTERM."""
     import uvloop
 
     from trims.telemetry import setup_logging, setup_tracing
 
-    store: list[Any] = []
-    if settings.spec.models:
-        confine(settings.confinement, lambda: store.append(connect_store(settings.store_socket)))
-    else:
-        confine(settings.confinement)
+    # Everything the worker imports, imported while it may still read the project's files
+    # (a no-op in a zygote child, which inherited them): see trims.runtime.worker.imports.
+    # Telemetry is set up before the drop too: the exporter imports its transport lazily.
+    preimport(WORKER_MODULES + (TRACING_MODULES if settings.otlp_endpoint else ()))
     setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
-    size_thread_pools(settings.spec.resources.cpus)
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
+    store: list[Any] = []
+    if settings.spec.models:
+        dropped_to = confine(
+            settings.confinement, lambda: store.append(connect_store(settings.store_socket))
+        )
+    else:
+        dropped_to = confine(settings.confinement)
+    size_thread_pools(settings.spec.resources.cpus)
     try:
-        return uvloop.run(_serve(settings, store[0] if store else None))
+        return uvloop.run(_serve(settings, store[0] if store else None, dropped_to))
     finally:
         # The caller leaves with os._exit (a hung handler thread must not block the exit), so
         # batched spans would be lost without this flush.

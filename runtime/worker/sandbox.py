@@ -4,6 +4,21 @@ Order matters (see :func:`confine`): the memory limit is measured from the addre
 process already has (a zygote child inherits the preloaded frameworks' mappings, which must not
 count against the function), privileges are dropped after everything that needs root, and the
 parent-death signal is set last because changing credentials clears it.
+
+Note [function code never runs as root]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A worker that starts as root always drops to an unprivileged user before it loads function
+code: the ``run_as`` it was given, or else :func:`default_user` (a dedicated ``trims`` user
+when the machine has one: no other service shares its uid or files; otherwise ``nobody``).
+``run_as`` naming uid 0 or a user whose group is gid 0 is refused (:func:`resolve_unprivileged`).
+The drop (:func:`drop_privileges`) clears the supplementary groups, sets gid and uid (real,
+effective and saved), empties the capability bounding set first where it may (CAP_SETPCAP) and
+sets ``no_new_privs`` so no setuid program or file capability can raise them again. Whatever
+needs root happens before: connecting to the store socket (``before_drop``) and importing the
+runtime's modules (:mod:`trims.runtime.worker.imports`). After the drop the worker proves it
+(:func:`verify_unprivileged`): not uid/gid 0, no root group, ``setuid(0)`` refused, no
+effective or permitted capabilities, and the store's admin socket refuses it; if any of these
+holds the instance fails to start, before any function code is imported.
 """
 
 from __future__ import annotations
@@ -14,15 +29,21 @@ import os
 import pwd
 import resource
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from trims.errors import ValidationError
+from trims.errors import TrimsError, ValidationError
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+#: Users function code runs as when a root worker is given none; the first that exists wins.
+DEFAULT_USERS = ("trims", "nobody")
 _M_ARENA_MAX = -8
 _ARENA = 64 << 20
 #: Stack size of the worker's threads (Python's default is the 8 MiB RLIMIT_STACK).
@@ -37,7 +58,8 @@ class Confinement:
     memory_bytes: int | None = None
     #: Threads the worker may run handlers on (their stacks are not counted as memory).
     threads: int = 1
-    #: User name or uid to run as; None keeps the current user.
+    #: User name or uid to run as; None: :func:`default_user` when started as root, else the
+    #: current user. Never root (Note [function code never runs as root]).
     run_as: str | None = None
     #: Parent pid to die with (SIGKILL when it exits); None: no such link.
     parent_pid: int | None = None
@@ -80,13 +102,122 @@ def resolve_user(run_as: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def drop_privileges(run_as: str) -> None:
+def resolve_unprivileged(run_as: str) -> tuple[int, int]:
+    """(uid, gid) of ``run_as``; ValidationError if that is root or root's group."""
     uid, gid = resolve_user(run_as)
-    if os.getuid() == uid:
+    if uid == 0 or gid == 0:
+        what = "root" if uid == 0 else "a user in group root (gid 0)"
+        raise ValidationError(
+            f"run_as: {run_as!r} is {what}, and function code never runs as root; name an "
+            f"unprivileged user (e.g. nobody) or leave --run-as unset for the default "
+            f"({' if it exists, else '.join(DEFAULT_USERS)})",
+            field="run_as",
+        )
+    return uid, gid
+
+
+def default_user() -> str:
+    """The user a root worker runs function code as when given none."""
+    for name in DEFAULT_USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise ValidationError(
+        f"no unprivileged user to run function code as: none of {', '.join(DEFAULT_USERS)} "
+        "exists on this machine; create one (useradd --system trims) or pass --run-as USER"
+    )
+
+
+def effective_run_as(run_as: str | None) -> str | None:
+    """The user function code runs as: ``run_as`` (checked), the default when this process is
+    root, or None (a non-root process runs code as itself)."""
+    if run_as is not None:
+        resolve_unprivileged(run_as)
+        return run_as
+    return default_user() if os.geteuid() == 0 else None
+
+
+def _prctl(option: int, arg: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(option, arg, 0, 0, 0))
+
+
+def _drop_bounding_set() -> None:
+    """Empty the capability bounding set (needs CAP_SETPCAP; a container may lack it, and the
+    uid change plus no_new_privs already leave nothing to regain)."""
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
         return
+    for cap in range(last + 1):
+        if _prctl(_PR_CAPBSET_DROP, cap) != 0:
+            log.debug("capability bounding set left as is (no CAP_SETPCAP)")
+            return
+
+
+def drop_privileges(run_as: str) -> bool:
+    """Become ``run_as`` for good; False when this process already is that user."""
+    uid, gid = resolve_unprivileged(run_as)
+    if os.getresuid() == (uid, uid, uid) and os.getresgid() == (gid, gid, gid):
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        return False
+    _drop_bounding_set()
     os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if _prctl(_PR_SET_NO_NEW_PRIVS, 1) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    return True
+
+
+def _capabilities() -> dict[str, int]:
+    caps: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("CapEff:", "CapPrm:")):
+                key, value = line.split(":", 1)
+                caps[key] = int(value.strip(), 16)
+    return caps
+
+
+def verify_unprivileged(admin_socket: Path | None) -> None:
+    """After a drop: TrimsError naming what still looks like root (the instance must not start).
+
+    The admin socket (0600, the store's owner) must refuse a connection; a missing one is fine.
+    """
+    problems: list[str] = []
+    if 0 in os.getresuid() or 0 in os.getresgid():
+        problems.append(f"still uid/gid 0 (uids {os.getresuid()}, gids {os.getresgid()})")
+    if 0 in os.getgroups():
+        problems.append("still in group root")
+    try:
+        os.setuid(0)
+    except PermissionError:
+        pass
+    else:
+        problems.append("setuid(0) succeeded")
+    held = {k: v for k, v in _capabilities().items() if v}
+    if held:
+        problems.append("holds capabilities " + ", ".join(f"{k} {v:#x}" for k, v in held.items()))
+    if admin_socket is not None and os.path.exists(admin_socket):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(admin_socket))
+        except OSError:
+            pass
+        else:
+            problems.append(f"can connect to the store's admin socket {admin_socket}")
+        finally:
+            sock.close()
+    if problems:
+        raise TrimsError(
+            f"worker (uid {os.getuid()}) is not unprivileged after dropping privileges: "
+            + "; ".join(problems)
+            + "; function code is not run. Check the user given to --run-as and the mode of "
+            "the admin socket (0600, owned by the daemon's user)"
+        )
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -97,14 +228,18 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def confine(c: Confinement, before_drop: Callable[[], None] | None = None) -> None:
+def confine(c: Confinement, before_drop: Callable[[], None] | None = None) -> str | None:
     """Apply ``c``; ``before_drop`` runs with the original privileges (e.g. to connect to a
-    socket the target user may not open: the store socket stays usable, the admin one not)."""
+    socket the target user may not open: the store socket stays usable, the admin one not).
+
+    Returns the user the process dropped to (None: it kept its own, non-root, user).
+    """
+    run_as = effective_run_as(c.run_as)
     if c.memory_bytes is not None:
         apply_memory_limit(c.memory_bytes, c.threads)
     if before_drop is not None:
         before_drop()
-    if c.run_as is not None:
-        drop_privileges(c.run_as)
+    dropped = run_as is not None and drop_privileges(run_as)
     if c.parent_pid is not None:
         die_with_parent(c.parent_pid)
+    return run_as if dropped else None

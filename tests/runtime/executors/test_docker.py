@@ -85,6 +85,38 @@ async def test_echo_runs_confined_in_a_container_and_is_removed_on_stop(
     assert not instance.socket_dir.exists()
 
 
+WHOAMI = """
+import os
+
+def handler(request, ctx):
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    try:
+        os.setuid(0)
+        setuid = "allowed"
+    except PermissionError:
+        setuid = "refused"
+    return {"uids": os.getresuid(), "setuid": setuid,
+            "cap_eff": int(status["CapEff"].strip(), 16),
+            "cap_prm": int(status["CapPrm"].strip(), 16),
+            "no_new_privs": int(status["NoNewPrivs"].strip())}
+"""
+
+
+async def test_function_code_in_a_container_cannot_regain_root(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    executor = docker_executor()
+    spec = make_function(WHOAMI, name="whoami")
+    executor.check(spec)
+    instance = await executor.start(spec, "whoami-1")
+    await instance.wait_ready(READY)
+    got = await _call(instance)
+    await executor.stop(instance, grace_s=5)
+    assert 0 not in got["uids"] and got["setuid"] == "refused"
+    assert (got["cap_eff"], got["cap_prm"], got["no_new_privs"]) == (0, 0, 1)
+
+
 async def test_the_echo_example_answers_from_a_container(docker_executor: MakeExecutor) -> None:
     spec = load_spec_file(EXAMPLES / "echo" / "function.yaml")
     executor = docker_executor()
@@ -320,7 +352,7 @@ async def test_gateway_invokes_a_docker_function_over_http(
         "def handler(request, ctx):\n"
         "    return {'sum': float(ctx.models['ones'].numpy()['w'].sum()), 'body': request.text()}\n"
     )
-    settings = GatewaySettings(port=0, store_socket=daemon.socket, drain_timeout_s=5.0)
+    settings = GatewaySettings(port=0, store_socket=daemon.socket, drain_timeout_s=5.0, auth=False)
     app = create_app(settings, lambda name: docker_executor(store_socket=daemon.socket))
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()

@@ -53,7 +53,7 @@ def test_full_spec_round_trips_through_to_dict() -> None:
         ({"scaling": {"request_timeout_s": "fast"}}, "scaling.request_timeout_s"),
         ({"resources": {"memory": "lots"}}, "resources.memory"),
         ({"models": [{"name": "m", "framework": "caffe"}]}, "models[0].framework"),
-        ({"models": [{"name": "../etc"}]}, "models[0]"),
+        ({"models": [{"name": "../etc"}]}, "models[0].name"),
         ({"models": [{"name": "m"}, {"name": "m"}]}, "models"),
         ({"serves": {"inputs": [{"name": "x", "datatype": "F32", "shape": [1]}],
                      "outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}]}},
@@ -98,4 +98,45 @@ def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
         load_spec_file(path)
     path.write_text("name: [unclosed\n")
     with pytest.raises(ValidationError, match="not valid YAML"):
+        load_spec_file(path)
+
+
+@pytest.mark.parametrize(
+    "bad", ["echo\n", "echo\r", "../x", "a/b", "", "x" * 64, "echo\n\n", "Echo", "-echo"]
+)
+def test_function_names_must_match_in_full(bad: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        parse_spec({"name": bad, "handler": "handler:handler"})
+    assert err.value.details["field"] == "name"
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"handler": "handler:handler\n"}, "handler"),
+        ({"handler": "handler\n:handler"}, "handler"),
+        ({"handler": "hændler:handler"}, "handler"),
+        ({"env": {"PATH\n": "x"}}, "env.PATH\n"),
+        ({"executor": "local\n"}, "executor"),
+        ({"models": [{"name": "resnet\n"}]}, "models[0].name"),
+        ({"models": [{"name": "m", "version": "1\n"}]}, "models[0].version"),
+        ({"models": [{"name": "m", "alias": "a/b"}]}, "models[0].alias"),
+        ({"code_dir": "relative/dir"}, "code_dir"),
+        ({"code_dir": "/srv/../../etc"}, "code_dir"),
+        ({"code_dir": "../../../../etc"}, "code_dir"),
+        ({"code_dir": "/srv/fn\n"}, "code_dir"),
+    ],
+)  # fmt: skip
+def test_names_and_code_dirs_that_could_escape_are_refused(
+    patch: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        parse_spec({"name": "fn", "handler": "handler:handler", **patch})
+    assert err.value.details["field"] == field
+
+
+def test_spec_file_refuses_dot_dot_in_a_relative_code_dir(tmp_path: Path) -> None:
+    path = tmp_path / "function.yaml"
+    path.write_text("name: demo\nhandler: handler:handler\ncode_dir: ../../etc\n")
+    with pytest.raises(ValidationError, match=r"function\.yaml: code_dir: must not contain '\.\.'"):
         load_spec_file(path)

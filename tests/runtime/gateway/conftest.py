@@ -2,7 +2,10 @@
 
 ``start_gateway(...)`` runs one in the test's event loop (its settings as keywords) and stops it
 at teardown; ``GatewayProcess`` runs ``python -m trims gateway`` as a subprocess for the tests
-that signal or kill it. Workers fork from a zygote that preloads only numpy, to start fast.
+that signal or kill it. Both turn authentication off unless the test gives tokens or asks for
+it (``auth=True`` / ``gateway_process(..., auth=True)``): most tests are about something else,
+and tests/runtime/gateway/test_secure_defaults.py covers the default.
+Workers fork from a zygote that preloads only numpy, to start fast.
 The docker fixtures (tests/fixtures/docker.py) serve the gateway-with-docker tests.
 """
 
@@ -28,6 +31,7 @@ from tests.fixtures.docker import docker_client, runtime_image
 from trims.runtime.executors import create_executor
 from trims.runtime.gateway.app import create_app
 from trims.runtime.gateway.context import GATEWAY
+from trims.runtime.gateway.server import start_runner, start_site
 from trims.runtime.gateway.service import Gateway
 from trims.runtime.settings import GatewaySettings, Token
 
@@ -104,14 +108,14 @@ async def start_gateway(
         root = tmp_path / f"gateway{len(started)}"
         root.mkdir()
         store_socket = options.pop("store_socket", root / "no-store.sock")
+        if "tokens" not in options:
+            options.setdefault("auth", False)
         settings = GatewaySettings(
             port=0, store_socket=store_socket, drain_timeout_s=5.0, **options
         )
         app = create_app(settings, local_factory(root, store_socket))
-        runner = web.AppRunner(app, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner = await start_runner(app, settings)
+        await start_site(runner, settings, "127.0.0.1", 0)
         port = runner.addresses[0][1]
         admin = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
         running = RunningGateway(
@@ -130,9 +134,12 @@ async def start_gateway(
 class GatewayProcess:
     """``python -m trims gateway`` as a subprocess (for SIGTERM and SIGKILL tests)."""
 
-    def __init__(self, root: Path, *args: str) -> None:
+    def __init__(self, root: Path, *args: str, auth: bool = False) -> None:
         self.root = root
         self.args = args
+        self.auth = auth
+        #: The default state directory of this gateway ($XDG_STATE_HOME points into root).
+        self.state_home = root / "xdg-state"
         self.log = root / "gateway.log"
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
@@ -149,7 +156,10 @@ class GatewayProcess:
             "--preload",
             ",".join(PRELOAD),
         ]
+        if not self.auth and "--tokens-file" not in self.args:
+            cmd.append("--no-auth")
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
+        env["XDG_STATE_HOME"] = str(self.state_home)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [*cmd, *self.args], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
@@ -193,10 +203,10 @@ def gateway_process(tmp_path: Path) -> Any:
     """Factory: ``gateway_process(*cli_args)`` -> a started GatewayProcess (killed at teardown)."""
     started: list[GatewayProcess] = []
 
-    def start(*args: str) -> GatewayProcess:
+    def start(*args: str, auth: bool = False) -> GatewayProcess:
         root = tmp_path / f"gwproc{len(started)}"
         root.mkdir(exist_ok=True)
-        process = GatewayProcess(root, *args)
+        process = GatewayProcess(root, *args, auth=auth)
         started.append(process)
         return process.start()
 

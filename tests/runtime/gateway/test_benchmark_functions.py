@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.fixtures.unprivileged import writable_by_functions
 from tests.runtime.gateway.conftest import ADMIN
 
 
@@ -18,7 +19,7 @@ async def test_kernel_study_and_model_analysis_as_functions(start_gateway, tmp_p
         {"name": "kernels", "handler": "trims.kernels.functions:handler",
          "scaling": {"request_timeout_s": 120}}
     )  # fmt: skip
-    db = tmp_path / "analyses.sqlite"
+    db = writable_by_functions(tmp_path / "db") / "analyses.sqlite"  # workers run as nobody
     await gw.deploy(
         {"name": "analyze", "handler": "trims.evaluation.functions:handler",
          "config": {"db": str(db)}, "scaling": {"request_timeout_s": 120}}

@@ -43,6 +43,7 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
     log = tmp_path / "up.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
     env["TRIMS_RUNTIME_DIR"] = str(tmp_path / "run")
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
     examples = _examples(tmp_path / "examples")
     cmd = [
         sys.executable, "-m", "trims", "up", "--examples", "--port", "0",
@@ -59,9 +60,14 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
         url = re.search(r"trims gateway ready url=(\S+)", text).group(1)
         daemon_pid = int(re.search(r"store daemon started \(pid (\d+)", text).group(1))
         assert f"curl -d hello {url}/v1/functions/echo/invoke" in text
+        # Deploying the examples used the generated admin token; invoking needs none.
+        token_file = tmp_path / "state" / "trims" / "gateway" / "auth" / "admin-token"
+        assert f"admin token in {token_file}" in text
         client = GatewayClient(url, None)
         status, _, body = client.request("POST", "/v1/functions/echo/invoke", b"hello")
         assert (status, body) == (200, b"hello")
+        status, _, _ = client.request("DELETE", "/v1/functions/echo")
+        assert status == 401
         status, _, body = client.request("POST", "/v1/functions/prepared/invoke", b"")
         assert (status, body) == (200, b"weights ready")
         assert "example broken skipped: prepare.py exited 1: no weights" in text

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.unprivileged import writable_by_functions
 from trims.errors import Unavailable
 from trims.runtime.wire import Kind
 from trims.runtime.worker.client import WorkerConnection, raise_for_error
@@ -104,7 +105,8 @@ async def test_tcp_worker_serves_and_drains_on_sigterm(worker: object) -> None:
 async def test_init_failure_is_told_to_the_first_client_then_the_worker_exits(
     worker: object, tmp_path: Path
 ) -> None:
-    path = tmp_path / "w.sock"
+    # Run as root, the worker drops to nobody: its socket goes where nobody may write.
+    path = writable_by_functions(tmp_path / "run") / "w.sock"
     proc = worker(f"unix:{path}", {"fail": True})  # type: ignore[operator]
     conn = await _connect(f"unix:{path}")
     hello = await conn.hello()
@@ -124,3 +126,15 @@ def test_worker_cli_rejects_a_bad_spec_with_the_field() -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "handler: must be a non-empty string" in result.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root worker can be asked to stay root")
+def test_worker_cli_refuses_to_run_function_code_as_root(tmp_path: Path) -> None:
+    spec = {"name": "x", "handler": "handler:handler", "code_dir": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "trims", "worker", "--spec-json", json.dumps(spec),
+         "--listen", f"unix:{tmp_path / 'w.sock'}", "--run-as", "root"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "function code never runs as root" in result.stderr
