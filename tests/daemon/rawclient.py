@@ -60,3 +60,16 @@ class RawClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def frames_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
+    """Every frame the daemon sends on ``sock`` until it closes it (descriptors closed)."""
+    frames = []
+    while True:
+        try:
+            message, fds = recv_frame(sock)
+        except ConnectionError:
+            return frames
+        for fd in fds:
+            os.close(fd)
+        frames.append(message)

@@ -1,7 +1,7 @@
 """Access lists without leaks, and what a client holding a disk-tier fd can and cannot do.
 
 Other uids are real: a forked child drops to ``nobody`` (with chosen supplementary groups) and
-talks to a real daemon whose store socket it can reach (``shared_daemon``: a root dir mode 0755,
+talks to a real daemon whose store socket it can reach (``open_daemon``: a root dir mode 0755,
 store socket mode 0666; the admin socket stays 0600).
 """
 
@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +30,11 @@ W = np.arange(4096, dtype=np.float32)
 
 
 @pytest.fixture
-def shared_daemon() -> Iterator[Callable[..., DaemonProcess]]:
-    """Factory: a daemon whose store socket another uid can reach; stopped and removed after."""
-    started: list[DaemonProcess] = []
-    roots: list[Path] = []
-
-    def start(**options: Any) -> DaemonProcess:
-        root = Path(tempfile.mkdtemp(prefix="trims-access-"))
-        roots.append(root)
-        root.chmod(0o755)
-        daemon = DaemonProcess(root, {"socket_mode": "666", **options})
-        started.append(daemon)
-        return daemon.start()
-
-    yield start
-    for daemon in started:
-        daemon.stop()
-    for root in roots:
-        shutil.rmtree(root, ignore_errors=True)
+def open_daemon(
+    shared_daemon: Callable[..., DaemonProcess],
+) -> Callable[..., DaemonProcess]:
+    """A daemon whose store socket (mode 0666) every uid can reach."""
+    return lambda **options: shared_daemon(socket_mode="666", **options)
 
 
 def as_nobody(
@@ -101,9 +86,9 @@ def _source(tmp: Path, weights: np.ndarray = W) -> Path:
 
 
 def test_list_info_and_acquire_show_only_what_the_caller_may_acquire(
-    shared_daemon: Callable[..., DaemonProcess], tmp_path: Path
+    open_daemon: Callable[..., DaemonProcess], tmp_path: Path
 ) -> None:
-    daemon = shared_daemon()
+    daemon = open_daemon()
     source = str(_source(tmp_path))
     with RawClient(daemon.admin_socket) as admin:
         admin.result("add", name="open", source=source)

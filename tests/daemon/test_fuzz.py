@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon.rawclient import RawClient
+from tests.daemon.rawclient import RawClient, frames_until_closed
 from tests.fixtures.store import DaemonProcess, seed_layout
 from trims.errors import ERROR_CODES
 from trims.protocol import (
@@ -147,18 +147,12 @@ class Fuzzer:
         self.sessions.clear()
 
     def frames_until_closed(self, s: socket.socket, case: str) -> list[dict[str, Any]]:
-        frames = []
-        while True:
-            try:
-                message, fds = recv_frame(s)
-            except ConnectionError:
-                return frames
-            for fd in fds:
-                os.close(fd)
+        frames = frames_until_closed(s)
+        for message in frames:
             assert isinstance(message.get("ok"), bool), (self.seed, case, message)
             if not message["ok"]:
                 self.check_error(message, case)
-            frames.append(message)
+        return frames
 
     def check_error(self, message: dict[str, Any], case: str) -> None:
         code = message["error"]["code"]

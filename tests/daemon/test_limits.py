@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
-import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.daemon.rawclient import RawClient
+from tests.daemon.rawclient import RawClient, frames_until_closed
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.limits import ConnectionSlots, ReadBudget
 from trims.protocol import (
@@ -56,22 +54,9 @@ def _hello(s: socket.socket) -> dict[str, Any]:
     return reply
 
 
-def _frames_until_closed(s: socket.socket) -> list[dict[str, Any]]:
-    """Every frame the daemon sends until it closes the connection."""
-    frames = []
-    while True:
-        try:
-            message, fds = recv_frame(s)
-        except ConnectionError:
-            return frames
-        for fd in fds:
-            os.close(fd)
-        frames.append(message)
-
-
 def _only_error(s: socket.socket) -> dict[str, Any]:
     """The one error frame (id null) the daemon sends before it closes the connection."""
-    frames = _frames_until_closed(s)
+    frames = frames_until_closed(s)
     assert len(frames) == 1, frames
     assert frames[0]["id"] is None and frames[0]["ok"] is False
     error: dict[str, Any] = frames[0]["error"]
@@ -103,24 +88,11 @@ def _rss(pid: int) -> int:
 
 
 @pytest.fixture
-def open_daemon() -> Iterator[Callable[..., DaemonProcess]]:
-    """Factory of daemons that ``nobody`` can reach: sockets in a 0755 folder, group nogroup."""
-    started: list[DaemonProcess] = []
-    roots: list[Path] = []
-
-    def start(**options: Any) -> DaemonProcess:
-        root = Path(tempfile.mkdtemp(prefix="trims-limits-", dir="/tmp"))
-        root.chmod(0o755)
-        roots.append(root)
-        daemon = DaemonProcess(root, {"socket_group": str(NOBODY), **options})
-        started.append(daemon)
-        return daemon.start()
-
-    yield start
-    for daemon in started:
-        daemon.stop()
-    for root in roots:
-        shutil.rmtree(root, ignore_errors=True)
+def open_daemon(
+    shared_daemon: Callable[..., DaemonProcess],
+) -> Callable[..., DaemonProcess]:
+    """A daemon ``nobody`` can reach: its store socket in group nogroup."""
+    return lambda **options: shared_daemon(socket_group=str(NOBODY), **options)
 
 
 def _flood_as_nobody(path: Path, count: int, extra: bool = True) -> tuple[int, int, int]:
@@ -145,7 +117,7 @@ def _flood_as_nobody(path: Path, count: int, extra: bool = True) -> tuple[int, i
             replies = [_hello(s)["ok"] for s in held]
             report: dict[str, Any] = {"served": replies}
             if extra:
-                report["extra"] = _frames_until_closed(_connect(path))
+                report["extra"] = frames_until_closed(_connect(path))
             os.write(report_w, json.dumps(report).encode())
             os.read(go_r, 1)
             code = 0
