@@ -104,11 +104,9 @@ FUNCTION_SCHEMA: dict[str, Any] = {
                 "max_body_bytes": _SIZE,
             },
         },
-        "env": {
-            "type": "object",
-            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
-            "additionalProperties": {"type": ["string", "number"]},
-        },
+        # Env keys are checked by the spec parser: a Kubernetes structural schema (the CRD is
+        # generated from this one) cannot hold propertyNames.
+        "env": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
         "config": {"type": "object"},
         "serves": {
             "type": "object",
