@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.store",
     "tests.fixtures.runtime",
     "tests.fixtures.unprivileged",
+    "tests.fixtures.otlp",
 ]
 
 
