@@ -1,12 +1,22 @@
-"""Results database: one row per (system, framework, version, kind, signature, batch, variant).
+"""Results database: measurements, one row per (system, framework, version, kind, signature,
+batch, variant), and traces (``trims trace``), one row per trace id.
 
 SQLAlchemy Core, SQLite by default (any SQLAlchemy URL works, e.g. ``postgresql://...``). The
-schema carries a version in ``meta``; opening a database written by another schema version is
+schema carries a version in ``meta``; opening a database written by a newer schema version is
 refused with a message saying what to do, never silently mixed.
+
+Note [schema migrations]
+~~~~~~~~~~~~~~~~~~~~~~~~
+Each version adds to the one before and never changes what is there: version 2 added the
+``traces`` table. ``create_all`` creates missing tables (it never alters existing ones), so an
+older database opened here gains the new tables and then has its ``meta`` version raised, in
+one transaction per step in :data:`MIGRATIONS`. A database from a newer trims is refused: it
+may hold what this code would misread.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -22,7 +32,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: from-version -> what the step does (logged); the tables themselves come from create_all
+MIGRATIONS: dict[int, str] = {1: "added the traces table"}
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One stored trace: its summary (the ``trims trace`` JSON) and its spans."""
+
+    trace_id: str
+    model: str
+    framework: str
+    level: str
+    created_at: float
+    summary: dict[str, Any]
+    spans: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -99,10 +124,21 @@ class ResultsDB:
                 name="uq_result_key",
             ),
         )
-        meta.create_all(self._engine)
-        self._check_version()
+        self._traces = sa.Table(
+            "traces",
+            meta,
+            sa.Column("trace_id", sa.String(32), primary_key=True),
+            sa.Column("model", sa.String(256), nullable=False),
+            sa.Column("framework", sa.String(64), nullable=False),
+            sa.Column("level", sa.String(16), nullable=False),
+            sa.Column("created_at", sa.Float, nullable=False),
+            sa.Column("summary", sa.Text, nullable=False),
+            sa.Column("spans", sa.Text, nullable=False),
+        )
+        self._meta_table.create(self._engine, checkfirst=True)
+        self._check_version(meta)
 
-    def _check_version(self) -> None:
+    def _check_version(self, meta: sa.MetaData) -> None:
         import sqlalchemy as sa
 
         with self._engine.begin() as conn:
@@ -110,14 +146,28 @@ class ResultsDB:
                 sa.select(self._meta_table.c.value).where(self._meta_table.c.key == "schema")
             ).first()
             if row is None:
+                meta.create_all(conn)
                 conn.execute(
                     self._meta_table.insert().values(key="schema", value=str(SCHEMA_VERSION))
                 )
-            elif int(row[0]) != SCHEMA_VERSION:
+                return
+            version = int(row[0])
+            if version > SCHEMA_VERSION or version not in (*MIGRATIONS, SCHEMA_VERSION):
                 raise ValidationError(
                     f"results database {self.url} has schema version {row[0]}, this trims "
-                    f"writes version {SCHEMA_VERSION}; use a new --db file or migrate it"
+                    f"writes version {SCHEMA_VERSION}; use a new --db file or a newer trims"
                 )
+            # Note [schema migrations]: create_all adds the tables newer versions brought
+            meta.create_all(conn)
+            while version < SCHEMA_VERSION:
+                conn.execute(
+                    self._meta_table.update()
+                    .where(self._meta_table.c.key == "schema")
+                    .values(value=str(version + 1))
+                )
+                log.info("results database %s migrated from schema %d: %s",
+                         self.url, version, MIGRATIONS[version])  # fmt: skip
+                version += 1
 
     def _where(self, key: ResultKey) -> list[sa.ColumnElement[bool]]:
         c = self._results.c
@@ -175,6 +225,55 @@ class ResultsDB:
         with self._engine.begin() as conn:
             conn.execute(self._results.delete().where(*self._where(key)))
             conn.execute(self._results.insert().values(**values))
+
+    def put_trace(self, record: TraceRecord) -> None:
+        """Store (or replace) a trace by its id."""
+        values: dict[str, Any] = {
+            "trace_id": record.trace_id,
+            "model": record.model[:256],
+            "framework": record.framework,
+            "level": record.level,
+            "created_at": record.created_at,
+            "summary": json.dumps(record.summary),
+            "spans": json.dumps(record.spans),
+        }
+        with self._engine.begin() as conn:
+            conn.execute(self._traces.delete().where(self._traces.c.trace_id == record.trace_id))
+            conn.execute(self._traces.insert().values(**values))
+
+    def get_trace(self, trace_id: str) -> TraceRecord | None:
+        """The stored trace with this id, or None."""
+        import sqlalchemy as sa
+
+        t = self._traces.c
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sa.select(
+                    t.trace_id, t.model, t.framework, t.level, t.created_at, t.summary, t.spans
+                ).where(t.trace_id == trace_id)
+            ).first()
+        if row is None:
+            return None
+        return TraceRecord(
+            trace_id=row[0],
+            model=row[1],
+            framework=row[2],
+            level=row[3],
+            created_at=row[4],
+            summary=json.loads(row[5]),
+            spans=json.loads(row[6]),
+        )
+
+    def trace_ids(self, model: str | None = None) -> list[str]:
+        """Stored trace ids, newest first (of one model if given)."""
+        import sqlalchemy as sa
+
+        t = self._traces.c
+        query = sa.select(t.trace_id).order_by(t.created_at.desc())
+        if model is not None:
+            query = query.where(t.model == model)
+        with self._engine.connect() as conn:
+            return [r[0] for r in conn.execute(query)]
 
     def count(self) -> int:
         import sqlalchemy as sa

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("trims.runtime.worker_cli", "run a function worker (used inside containers)"),
     "operator": ("trims.operators.cli", "run the Kubernetes operator"),
     "analyze": ("trims.evaluation.cli", "layer IR, lower-bound latency and brick analyses"),
+    "trace": ("trims.evaluation.tracing.cli", "leveled across-stack trace of a model"),
     "kernels": ("trims.kernels.cli", "GPU kernel studies (tcu, klap, transfer, als)"),
 }
 

@@ -71,3 +71,73 @@ def test_bencher_skips_what_is_measured_unless_forced(tmp_path: Path) -> None:
         assert db.count() == len(benches) + 1
     finally:
         db.close()
+
+
+def _schema_1_database(path: Path) -> None:
+    """A database as trims wrote it before traces (schema 1), holding one measurement."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("CREATE TABLE meta (key VARCHAR(64) PRIMARY KEY, value VARCHAR(256) NOT NULL)")
+        )
+        conn.execute(sa.text("INSERT INTO meta VALUES ('schema', '1')"))
+        conn.execute(
+            sa.text(
+                "CREATE TABLE results (id INTEGER PRIMARY KEY AUTOINCREMENT, system VARCHAR(256) "
+                "NOT NULL, framework VARCHAR(64) NOT NULL, "
+                "framework_version VARCHAR(64) NOT NULL, "
+                "kind VARCHAR(16) NOT NULL, signature VARCHAR(128) NOT NULL, "
+                "batch INTEGER NOT NULL, "
+                "variant VARCHAR(128) NOT NULL, trimmed_mean_ms FLOAT NOT NULL, "
+                "median_ms FLOAT NOT "
+                "NULL, spread_ms FLOAT NOT NULL, min_ms FLOAT NOT NULL, reps INTEGER NOT NULL, "
+                "elapsed_s FLOAT NOT NULL, label VARCHAR(256) NOT NULL, created_at FLOAT NOT NULL, "
+                "CONSTRAINT uq_result_key UNIQUE (system, framework, framework_version, kind, "
+                "signature, batch, variant))"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO results (system, framework, framework_version, kind, signature, "
+                "batch, "
+                "variant, trimmed_mean_ms, median_ms, spread_ms, min_ms, reps, elapsed_s, label, "
+                "created_at) VALUES ('cpu x2', 'onnxruntime', '1.0', 'layer', 'abc', 1, "
+                "'opt=all,threads=1', 1.5, 1.4, 0.1, 1.2, 10, 0.3, 'old', 0)"
+            )
+        )
+    engine.dispose()
+
+
+def test_schema_1_database_is_migrated_and_keeps_its_results(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from trims.evaluation.db import SCHEMA_VERSION, TraceRecord
+
+    path = tmp_path / "v1.sqlite"
+    _schema_1_database(path)
+    db = ResultsDB(str(path))
+    try:
+        assert db.get(KEY) == Measurement(1.5, 1.4, 0.1, 1.2, 10, 0.3)
+        record = TraceRecord(
+            "ab" * 16,
+            "torch:resnet18",
+            "torch",
+            "layer",
+            1.0,
+            {"trace_id": "ab" * 16, "layers": []},
+            [{"name": "x"}],
+        )
+        db.put_trace(record)
+        assert db.get_trace("ab" * 16) == record
+        assert db.get_trace("cd" * 16) is None
+        assert db.trace_ids() == ["ab" * 16]
+    finally:
+        db.close()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        version = conn.execute(sa.text("SELECT value FROM meta WHERE key = 'schema'")).scalar()
+    engine.dispose()
+    assert version == str(SCHEMA_VERSION) == "2"
+    ResultsDB(str(path)).close()  # a migrated database opens again as it is
