@@ -109,7 +109,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="most instances across all functions; idle ones are stopped to make room",
     )
-    parser.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint (default: env)")
+    parser.add_argument(
+        "--otlp-endpoint",
+        help="OTLP/HTTP traces endpoint (default: env); traced invocations go there too",
+    )
+    parser.add_argument(
+        "--traces-kept",
+        type=int,
+        default=100,
+        help="traces of traced invocations (trims-trace-level) kept for GET /v1/traces/{id}",
+    )
+    parser.add_argument(
+        "--traces-kept-mib",
+        type=int,
+        default=256,
+        help="MiB of span JSON those kept traces may hold; the oldest go first",
+    )
     parser.add_argument("--no-zygote", action="store_true", help="local: spawn fresh interpreters")
     parser.add_argument(
         "--preload",
@@ -167,6 +182,8 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         instance_limit=args.instance_limit,
         max_instances_total=args.max_instances_total,
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
+        traces_kept=args.traces_kept,
+        traces_kept_bytes=args.traces_kept_mib << 20,
         access_log=args.access_log,
         name=args.name or env.get("TRIMS_GATEWAY_NAME") or None,
     )

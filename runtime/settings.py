@@ -30,8 +30,12 @@ def check_gateway_name(name: str, what: str = "gateway name") -> None:
 #: A token's name in the tokens file (it appears in logs and error messages).
 TOKEN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
-#: Scopes a token (or an anonymous caller) may hold; ``invoke:<function>`` names one function.
-PLAIN_SCOPES = frozenset({"admin", "read", "invoke:*"})
+#: Scopes a token (or an anonymous caller) may hold; ``invoke:<function>`` names one function,
+#: ``trace`` lets a caller ask any function it may invoke for a trace (``trims-trace-level``)
+#: and read the kept traces, ``trace:<function>`` the same for one function.
+PLAIN_SCOPES = frozenset({"admin", "read", "invoke:*", "trace"})
+#: Scopes that name one function after their prefix.
+FUNCTION_SCOPE_PREFIXES = ("invoke:", "trace:")
 
 #: What a caller without a token may do on a gateway whose admin token was generated and which
 #: listens on loopback: invoke any function and read (list, get), so the README's ``curl``
@@ -40,13 +44,16 @@ LOCAL_ANONYMOUS_SCOPES = frozenset({"invoke:*", "read"})
 
 
 def check_scope(scope: str, owner: str) -> None:
-    """Raise ValidationError unless ``scope`` is admin, read, invoke:* or invoke:<function>."""
+    """Raise ValidationError unless ``scope`` is admin, read, invoke:*, invoke:<function>,
+    trace or trace:<function>."""
     if scope in PLAIN_SCOPES:
         return
-    function = scope.removeprefix("invoke:")
-    if function == scope or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", function):
+    prefix = next((p for p in FUNCTION_SCOPE_PREFIXES if scope.startswith(p)), None)
+    function = scope.removeprefix(prefix) if prefix else ""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", function):
         raise ValidationError(
-            f"{owner} has unknown scope {scope!r}; use admin, read, invoke:<function> or invoke:*"
+            f"{owner} has unknown scope {scope!r}; use admin, read, invoke:<function>, "
+            "invoke:*, trace or trace:<function>"
         )
 
 
@@ -56,7 +63,7 @@ class Token:
 
     secret: str = field(repr=False)
     #: ``admin`` (deploy, delete, everything), ``read`` (list and get), ``invoke:<function>``
-    #: or ``invoke:*``.
+    #: or ``invoke:*``, ``trace`` or ``trace:<function>`` (ask for a trace, read kept traces).
     scopes: frozenset[str] = frozenset()
     #: A name for logs and metrics (``token-1``, or the name given in the tokens file).
     name: str = "token"
@@ -124,8 +131,15 @@ class GatewaySettings:
     max_invocations: int = 10_000
     #: Largest request body accepted by any route, bytes; functions set lower limits.
     max_body_bytes: int = 64 << 20
-    #: OTLP/HTTP endpoint for traces; None exports nothing.
+    #: OTLP/HTTP endpoint for traces; None exports nothing. Traced invocations
+    #: (``trims-trace-level``) are exported there too, in a background task.
     otlp_endpoint: str | None = None
+    #: Traces of traced invocations kept in memory for ``GET /v1/traces/{id}``; the oldest go
+    #: first. 100: the last few minutes of someone profiling by hand.
+    traces_kept: int = 100
+    #: Bytes (of span JSON) those kept traces may hold in all; a layer trace of a large model
+    #: is a few MB, so 256 MiB keeps dozens without letting traces grow the gateway unbounded.
+    traces_kept_bytes: int = 256 << 20
     #: Prepare the default executor at startup (the local executor starts its zygote), so the
     #: first cold start does not pay for it.
     warm_executor: bool = True
@@ -164,6 +178,8 @@ class GatewaySettings:
             raise ValidationError("instance limit must be at least 1")
         if self.max_invocations < 1:
             raise ValidationError("max invocations must be at least 1")
+        if self.traces_kept < 0 or self.traces_kept_bytes < 0:
+            raise ValidationError("traces kept (count and bytes) must not be negative")
         for scope in self.anonymous_scopes:
             check_scope(scope, "anonymous access")
         if "admin" in self.anonymous_scopes:

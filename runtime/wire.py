@@ -24,6 +24,12 @@ once; the worker answers each with ``REPLY`` (meta ``{"s": status, "h": headers}
 order. ``CANCEL`` (client -> worker) abandons a request whose caller gave up (async handlers
 are cancelled; a sync handler runs to its end and its reply is dropped). ``t`` carries the W3C
 ``traceparent``/``tracestate`` headers so the worker's spans join the caller's trace.
+
+A traced request (the caller sent ``trims-trace-level``) adds ``"tl": level`` (``model``,
+``layer``, ``library``, ``kernel`` or ``full``) to the INVOKE or INFER meta; its REPLY meta then
+carries ``"tr": {"spans": [...], "unavailable": {level: reason}, "error", "truncated"}`` (see
+:mod:`trims.runtime.worker.tracing`), never anything in the body. Untraced requests carry
+neither key.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ _AFTER_LENGTH = HEADER_SIZE - 4
 #: Largest frame accepted (meta + body), in bytes.
 MAX_FRAME = 1 << 30
 _EMPTY_META = b""
+#: Request meta key: the trace level a traced request asks for (see the module docstring).
+TRACE_LEVEL = "tl"
+#: Reply meta key: the worker's spans of a traced request.
+TRACE_REPLY = "tr"
 
 
 class Kind(IntEnum):

@@ -226,6 +226,14 @@ class WorkerInstance(Instance):
         frame = await self._request(Kind.INFER, meta, encode_arrays(inputs), timeout)
         return decode_arrays(frame.body)
 
+    async def request(
+        self, kind: Kind, meta: Mapping[str, Any] | None, body: bytes, *, timeout: float
+    ) -> Frame:
+        """One round trip with the reply frame as is (meta included): for callers that need
+        more of the reply than :meth:`invoke` and :meth:`infer` give (a traced request's spans
+        ride in its reply meta). Errors as in the module docstring."""
+        return await self._request(kind, meta, body, timeout)
+
     async def close_connection(self) -> None:
         conn, self._conn = self._conn, None
         self._ready = False

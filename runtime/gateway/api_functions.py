@@ -16,6 +16,7 @@ from trims.runtime.gateway.context import (
     read_json,
 )
 from trims.runtime.gateway.invocations import Outcome
+from trims.runtime.gateway.traces import trace_headers_for_accept, traced_call
 
 #: Response headers from a worker that the gateway sets itself.
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
@@ -69,21 +70,22 @@ async def invoke_function(request: web.Request) -> web.StreamResponse:
     auth_of(request).require_invoke(request, (name,))
     gateway = gateway_of(request)
     pool = gateway.pool(name)
+    traced = traced_call(request, name)
     body = await read_body(request, pool.spec.scaling.max_body_bytes)
     headers = request.headers
     if _wants_async(request):
 
         async def work() -> Outcome:
-            return await gateway.invoke(name, body, headers)
+            return await gateway.invoke(name, body, headers, traced)
 
         record = gateway.invocations.submit(name, work)
         location = f"/v1/invocations/{record.id}"
         return json_response(
             {"id": record.id, "function": name, "state": record.state, "status_url": location},
             202,
-            {"Location": location},
+            {"Location": location, **trace_headers_for_accept(traced)},
         )
-    outcome = await gateway.invoke(name, body, headers)
+    outcome = await gateway.invoke(name, body, headers, traced)
     return outcome_response(outcome)
 
 

@@ -22,6 +22,7 @@ from trims.runtime.gateway.tensors import (
     model_metadata,
     parse_request,
 )
+from trims.runtime.gateway.traces import traced_call
 
 
 def _served(gateway: Gateway, name: str, version: str | None) -> ServedModel:
@@ -76,14 +77,17 @@ async def infer(request: web.Request) -> web.Response:
     gateway = gateway_of(request)
     version = request.match_info.get("version")
     served = _served(gateway, name, version)
+    traced = traced_call(request, name)
     limit = gateway.pool(name).spec.scaling.max_body_bytes
     body = await read_body(request, limit)
     parsed = parse_request(body, request.headers.get(HEADER_LENGTH))
     check_inputs(name, served, parsed.inputs)
-    outputs = await gateway.infer(name, parsed.inputs)
+    outputs = await gateway.infer(name, parsed.inputs, traced)
     payload, headers = encode_response(
         name, version or served.versions[-1], parsed, outputs, served.outputs
     )
+    if traced is not None:
+        headers = {**headers, **traced.headers}
     return web.Response(body=payload, headers=headers)
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from trims.runtime.gateway import api_functions, api_oip, api_pipelines
+from trims.runtime.gateway import api_functions, api_oip, api_pipelines, traces
 from trims.runtime.gateway.auth import Authenticator
 from trims.runtime.gateway.context import AUTH, GATEWAY, gateway_of, json_response
 from trims.runtime.gateway.errors import error_middleware
@@ -85,6 +85,7 @@ def create_app(settings: GatewaySettings, executor_factory: ExecutorFactory) -> 
     api_functions.add_routes(app)
     api_pipelines.add_routes(app)
     api_oip.add_routes(app)
+    traces.add_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

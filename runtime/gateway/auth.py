@@ -6,7 +6,9 @@ which prefix matched) and is never logged: logs and errors name the token by its
 
 Scopes: ``admin`` may do everything; ``read`` may list and get functions, pipelines and
 invocations; ``invoke:<function>`` may invoke that function (and its models over the Open
-Inference Protocol); ``invoke:*`` may invoke any function. Reading with a token needs any valid
+Inference Protocol); ``invoke:*`` may invoke any function; ``trace`` may ask any function it may
+invoke for a trace (``trims-trace-level``: profiling costs the instance time) and read the kept
+traces, ``trace:<function>`` the same for one function. Reading with a token needs any valid
 token. A request without an ``Authorization`` header has the gateway's ``anonymous_scopes``
 (never admin); when it needs more, the answer is 401 naming the admin token file, if any.
 Authentication is off only when the settings say so explicitly (``--no-auth``).
@@ -23,7 +25,7 @@ from aiohttp import web
 from trims.errors import PermissionDenied, Unauthorized
 from trims.runtime.settings import Token
 
-__all__ = ["Authenticator", "may_invoke"]
+__all__ = ["Authenticator", "may_invoke", "may_trace"]
 
 
 class Authenticator:
@@ -108,6 +110,33 @@ class Authenticator:
                     f"token {token.name!r} lacks scope invoke:{function} "
                     "(or invoke:*, or admin) to invoke this function"
                 )
+
+    def require_trace(self, request: web.Request, function: str | None) -> None:
+        """Tracing ``function`` (None: any function, to look a trace up before its function is
+        known): the ``trace`` or ``trace:<function>`` scope, or admin. Anonymous callers have
+        it only when ``anonymous_scopes`` names it."""
+        token = self.authenticate(request)
+        if token is None:
+            return
+        allowed = (
+            may_trace(token, function)
+            if function is not None
+            else may_trace(token, "") or any(s.startswith("trace:") for s in token.scopes)
+        )
+        if not allowed:
+            what = f"tracing {function}" if function is not None else "reading traces"
+            scope = f"trace:{function}" if function is not None else "trace"
+            if token is self._anonymous:
+                raise self._missing(what)
+            raise PermissionDenied(
+                f"token {token.name!r} lacks scope {scope} (or trace, or admin) for {what}: "
+                "profiling costs the instance time, so tracing needs its own scope"
+            )
+
+
+def may_trace(token: Token, function: str) -> bool:
+    scopes = token.scopes
+    return "admin" in scopes or "trace" in scopes or f"trace:{function}" in scopes
 
 
 def may_invoke(token: Token, function: str) -> bool:

@@ -66,6 +66,9 @@ def _result_dict(outcome: Outcome) -> dict[str, Any]:
         "status": outcome.status,
         "content_type": outcome.headers.get("Content-Type", "application/octet-stream"),
     }
+    traced = {k: v for k, v in outcome.headers.items() if k.startswith("trims-trace-")}
+    if traced:
+        result["trace"] = traced
     try:
         result["body"] = outcome.body.decode("utf-8")
         result["encoding"] = "utf-8"

@@ -83,6 +83,18 @@ class GatewayMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
+        self.traced = Counter(
+            "trims_traced_invocations",
+            "Invocations that asked for a trace (trims-trace-level), by function and level",
+            ["function", "level"],
+            registry=r,
+        )
+        self.trace_failures = Counter(
+            "trims_trace_failures",
+            "Traced invocations whose profiler failed (the result was still returned)",
+            ["function"],
+            registry=r,
+        )
         r.register(_InstancesCollector(instance_counts))
 
     def render(self) -> bytes:

@@ -32,6 +32,23 @@ _NAME = {
 }
 _VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
 _SECURED: list[dict[str, list[str]]] = [{"bearer": []}]
+#: The header that asks an invocation for a trace (see trims.runtime.gateway.traces).
+_TRACE_LEVEL = {
+    "name": "trims-trace-level",
+    "in": "header",
+    "required": False,
+    "description": "trace this invocation at this depth (needs the trace or trace:<function> "
+    "scope); the response carries trims-trace-id, trims-trace-level and, where levels "
+    "degraded or the profiler failed, trims-trace-unavailable (level=reason;...) and "
+    "trims-trace-error; GET /v1/traces/{trace_id} then answers the trace",
+    "schema": {"enum": ["none", "model", "layer", "library", "kernel", "full"]},
+}
+_TRACE_ID = {
+    "name": "trace_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+}
 
 
 def _op(
@@ -59,7 +76,64 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
 _ANY_BODY = {"required": False, "content": {"*/*": {"schema": {}}}}
 _ANY_RESPONSE = {"description": "the function's own response", "content": {"*/*": {"schema": {}}}}
 
+_SPAN_SCHEMA = {
+    "type": "object",
+    "required": ["name", "level", "start_ns", "end_ns", "track", "span_id", "parent_id"],
+    "properties": {
+        "name": {"type": "string"},
+        "level": {"enum": ["service", "model", "layer", "library", "kernel"]},
+        "start_ns": {"type": "integer", "description": "Unix epoch nanoseconds"},
+        "end_ns": {"type": "integer"},
+        "track": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "[process, thread], e.g. [gateway, event loop]",
+        },
+        "span_id": {"type": "string"},
+        "parent_id": {"type": ["string", "null"]},
+        "attributes": {"type": "object"},
+    },
+}
+
 _SCHEMAS: dict[str, Any] = {
+    "Trace": {
+        "type": "object",
+        "required": ["trace_id", "spans", "function", "level"],
+        "properties": {
+            "trace_id": {"type": "string"},
+            "function": {"type": "string"},
+            "level": {"type": "string"},
+            "spans": {
+                "type": "array",
+                "items": _SPAN_SCHEMA,
+                "description": "depth-first from the root; each names its parent_id",
+            },
+            "unavailable": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "level -> why the stack could not provide it",
+            },
+            "error": {"type": ["string", "null"], "description": "the profiler failed"},
+            "truncated": {"type": "integer", "description": "spans dropped over the cap"},
+        },
+    },
+    "TraceList": {
+        "type": "object",
+        "required": ["traces"],
+        "properties": {
+            "traces": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "trace_id": {"type": "string"},
+                        "function": {"type": "string"},
+                        "level": {"type": "string"},
+                    },
+                },
+            }
+        },
+    },
     "Error": {
         "type": "object",
         "required": ["error"],
@@ -265,6 +339,7 @@ def _paths() -> dict[str, Any]:
                         "required": False,
                         "schema": {"enum": ["true", "false", "1", "0"]},
                     },
+                    _TRACE_LEVEL,
                 ],
                 body=_ANY_BODY,
             )
@@ -336,7 +411,7 @@ def _paths() -> dict[str, Any]:
             "get": _op("Model readiness", {"200": ready_resp}, params=[_NAME])
         },
         "/v2/models/{name}/infer": {
-            "post": _op("Inference", {"200": infer}, params=[_NAME], body=infer_body)
+            "post": _op("Inference", {"200": infer}, params=[_NAME, _TRACE_LEVEL], body=infer_body)
         },
         "/v2/models/{name}/versions/{version}": {
             "get": _op(
@@ -352,8 +427,35 @@ def _paths() -> dict[str, Any]:
             "post": _op(
                 "Inference on a model version",
                 {"200": infer},
-                params=[_NAME, _VERSION],
+                params=[_NAME, _VERSION, _TRACE_LEVEL],
                 body=infer_body,
+            )
+        },
+        "/v1/traces": {
+            "get": _op(
+                "The kept traces of traced invocations, newest first (trace scope)",
+                {"200": _json(_ref("TraceList"), "trace ids with their function and level")},
+            )
+        },
+        "/v1/traces/{trace_id}": {
+            "get": _op(
+                "A kept trace: the span tree as JSON, or ?format=chrome as a Chrome trace-event "
+                "file (attachment <trace_id>.trace.json) for Perfetto UI (trace scope)",
+                {
+                    "200": _json(
+                        {"oneOf": [_ref("Trace"), {"type": "object"}]},
+                        "the trace (format=json), or Chrome trace-event JSON (format=chrome)",
+                    )
+                },
+                params=[
+                    _TRACE_ID,
+                    {
+                        "name": "format",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"enum": ["json", "chrome"]},
+                    },
+                ],
             )
         },
         "/healthz": {
@@ -404,7 +506,8 @@ def openapi_document() -> dict[str, Any]:
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "Scopes: admin, read, invoke:<function>, invoke:*. Without "
+                    "description": "Scopes: admin, read, invoke:<function>, invoke:*, trace, "
+                    "trace:<function>. Without "
                     "a tokens file the gateway generates an admin token in <state dir>/auth/"
                     "admin-token; callers without a token have the gateway's anonymous scopes.",
                 }

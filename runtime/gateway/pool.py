@@ -54,6 +54,10 @@ class Slot:
     inflight: int = 0
     served: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    #: Unix epoch ns the pool asked for this instance, and when it became ready (None: not
+    #: yet): a traced request that waited for it shows the start as its own span.
+    started_ns: int = field(default_factory=time.time_ns)
+    ready_ns: int | None = None
 
     def describe(self) -> dict[str, Any]:
         inst = self.instance
@@ -340,6 +344,7 @@ class Pool:
             return
         slot.state = "ready"
         slot.last_used = time.monotonic()
+        slot.ready_ns = time.time_ns()
         log.info("function %s: instance %s ready in %.3fs", self.name, slot.id, elapsed)
         self._dispatch()
         if self._closed and not self._waiters and slot.inflight == 0:
@@ -458,6 +463,13 @@ class Pool:
         self._scale_up()
 
     # -- introspection -------------------------------------------------------------------------
+
+    def start_window(self, instance_id: str) -> tuple[int, int] | None:
+        """(asked, ready) Unix epoch ns of an instance's start; None when not known (traces)."""
+        for slot in self.slots:
+            if slot.id == instance_id and slot.ready_ns is not None:
+                return slot.started_ns, slot.ready_ns
+        return None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(STATES, 0)

@@ -28,6 +28,7 @@ from trims.runtime.gateway.invocations import Invocations, Outcome
 from trims.runtime.gateway.metrics import GatewayMetrics
 from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
 from trims.runtime.gateway.pool import Pool
+from trims.runtime.gateway.traced import TracedCall, TraceExporter, TraceStore, response_headers
 from trims.runtime.settings import GatewaySettings
 from trims.telemetry import inject_context
 
@@ -63,6 +64,9 @@ class Gateway:
         #: Whether spans are recorded (an SDK tracer provider is installed); when not, the hot
         #: path creates no spans and passes the caller's own trace context on to the worker.
         self.tracing = tracing_enabled()
+        #: Traces of invocations that asked for one (``trims-trace-level``).
+        self.traces = TraceStore(count=settings.traces_kept, max_bytes=settings.traces_kept_bytes)
+        self.trace_exporter = TraceExporter(settings.otlp_endpoint)
         self.draining = False
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -102,6 +106,7 @@ class Gateway:
         await asyncio.gather(*(p.close(left) for p in pools), return_exceptions=True)
         self.pools.clear()
         await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.trace_exporter.close(max(0.0, drain_timeout_s - (time.monotonic() - started)))
         for name, executor in self._executors.items():
             try:
                 await executor.close()
@@ -185,11 +190,23 @@ class Gateway:
         pool = self.pool(name)
         return {"spec": pool.spec.to_dict(), "status": pool.describe()}
 
-    async def invoke(self, name: str, body: bytes, headers: Mapping[str, str]) -> Outcome:
-        """Run one request on the function; header names reach it lower-cased."""
+    async def invoke(
+        self,
+        name: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        traced: TracedCall | None = None,
+    ) -> Outcome:
+        """Run one request on the function; header names reach it lower-cased.
+
+        ``traced``: the request asked for a trace (see :mod:`trims.runtime.gateway.traced`);
+        the outcome then carries the ``trims-trace-*`` headers.
+        """
         self._refuse_when_draining()
         pool = self.pool(name)
         passed = {low: v for k, v in headers.items() if (low := k.lower()) not in DROPPED_HEADERS}
+        if traced is not None:
+            return await self._invoke_traced(pool, body, passed, traced)
         status = "error"
         try:
 
@@ -214,7 +231,14 @@ class Gateway:
         finally:
             pool.count_invocation(status)
 
-    async def infer(self, name: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(
+        self,
+        name: str,
+        inputs: Mapping[str, np.ndarray],
+        traced: TracedCall | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run the function's infer; with ``traced``, its headers land in ``traced`` (see
+        :func:`trims.runtime.gateway.traced.response_headers`)."""
         self._refuse_when_draining()
         pool = self.pool(name)
         status = "error"
@@ -222,17 +246,90 @@ class Gateway:
 
             async def call(instance: Any, timeout: float) -> dict[str, np.ndarray]:
                 with tracer.start_as_current_span("infer", attributes={"function": name}):
+                    if traced is not None and hasattr(instance, "request"):
+                        return await traced.infer(
+                            instance,
+                            inputs,
+                            timeout=timeout,
+                            carrier=inject_context() if self.tracing else {},
+                            start_window=pool.start_window(instance.id),
+                        )
                     out = await instance.infer(inputs, timeout=timeout, trace=inject_context())
                 return dict(out)
 
+            if traced is not None:
+                traced.queued()
             result = await pool.run(call)
             status = "200"
+            if traced is not None:
+                self._finish_trace(traced)
             return result
         except TrimsError as e:
             status = str(e.http_status)
             raise
         finally:
             pool.count_invocation(status)
+
+    async def _invoke_traced(
+        self, pool: Pool, body: bytes, passed: Mapping[str, str], traced: TracedCall
+    ) -> Outcome:
+        """:meth:`invoke` for a request that asked for a trace (kept apart from the hot path)."""
+        status = "error"
+        try:
+
+            async def call(instance: Any, timeout: float) -> Outcome:
+                carrier = _forwarded_trace(passed)
+                if not hasattr(instance, "request"):
+                    traced.error = f"instances of executor {instance.executor} carry no traces"
+                    reply = await instance.invoke(body, passed, timeout=timeout, trace=carrier)
+                    return Outcome(int(reply.status), dict(reply.headers), bytes(reply.body))
+                if self.tracing:
+                    with tracer.start_as_current_span("invoke", attributes={"function": pool.name}):
+                        code, headers, out = await traced.invoke(
+                            instance,
+                            body,
+                            passed,
+                            timeout=timeout,
+                            carrier=inject_context(),
+                            start_window=pool.start_window(instance.id),
+                        )
+                else:
+                    code, headers, out = await traced.invoke(
+                        instance,
+                        body,
+                        passed,
+                        timeout=timeout,
+                        carrier=carrier,
+                        start_window=pool.start_window(instance.id),
+                    )
+                return Outcome(code, dict(headers), bytes(out))
+
+            traced.queued()
+            outcome = await pool.run(call)
+            status = str(outcome.status)
+        except TrimsError as e:
+            status = str(e.http_status)
+            raise
+        finally:
+            pool.count_invocation(status)
+        headers = {**outcome.headers, **self._finish_trace(traced)}
+        return Outcome(outcome.status, headers, outcome.body)
+
+    def _finish_trace(self, traced: TracedCall) -> dict[str, str]:
+        """Assemble, keep and export the trace; count it; the response's trace headers."""
+        trace_doc = traced.trace()
+        self.traces.put(traced, trace_doc)
+        self.trace_exporter.submit(trace_doc)
+        self.metrics.traced.labels(traced.function, traced.level.label).inc()
+        if traced.profiler_error:
+            self.metrics.trace_failures.labels(traced.function).inc()
+            log.warning(
+                "trace %s of %s: profiling failed (%s); the result was returned",
+                traced.trace_id, traced.function, traced.profiler_error,
+            )  # fmt: skip
+        headers = response_headers(traced)
+        traced.headers = headers
+        return headers
 
     def _refuse_when_draining(self) -> None:
         if self.draining:

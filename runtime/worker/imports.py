@@ -38,6 +38,11 @@ WORKER_MODULES = (
     "trims.runtime.adapters.onnxruntime",
     "trims.runtime.adapters.mxnet",
     "trims.runtime.adapters.cuda",
+    "trims.tracing.levels",
+    "trims.tracing.spans",
+    "trims.tracing.sources",
+    "trims.tracing.sources.torch",
+    "trims.runtime.worker.tracing",
 )
 
 #: What :func:`trims.telemetry.setup_tracing` imports (only when spans are exported).

@@ -28,7 +28,14 @@ from trims.config import admin_socket_for, default_socket, format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
 from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.spec import FunctionSpec
-from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
+from trims.runtime.wire import (
+    TRACE_LEVEL,
+    TRACE_REPLY,
+    Frame,
+    Kind,
+    decode_arrays,
+    encode_arrays,
+)
 from trims.runtime.worker.access import User, check_code
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, EXIT_OUT_OF_MEMORY
 from trims.runtime.worker.imports import TRACING_MODULES, WORKER_MODULES, preimport
@@ -37,6 +44,7 @@ from trims.runtime.worker.models import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine, verify_unprivileged
 from trims.runtime.worker.server import ListenAddress, WorkerServer
+from trims.runtime.worker.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("trims.worker")
@@ -131,6 +139,9 @@ class Worker:
         Without a caller trace and without an exporter the span would record nothing, so the
         hot path skips it (it costs about as much as the rest of the worker's request work).
         """
+        level = frame.meta.get(TRACE_LEVEL)
+        if level is not None:
+            return await self._run_traced(frame, str(level))
         carrier = frame.meta.get("t")
         if not carrier and not self.settings.otlp_endpoint:
             return await self._dispatch(frame, None)
@@ -141,8 +152,23 @@ class Worker:
         ) as span:
             return await self._dispatch(frame, span)
 
+    async def _run_traced(self, frame: Frame, level: str) -> tuple[dict[str, Any], bytes]:
+        """A request that asked for a trace: its spans ride back in the reply meta (see
+        :mod:`trims.runtime.worker.tracing`); kept apart so untraced requests pay nothing."""
+        recorder = RequestTrace(level, self.spec.name, self.settings.instance_id)
+        carrier = frame.meta.get("t")
+        if carrier or self.settings.otlp_endpoint:
+            name = f"{'infer' if frame.kind is Kind.INFER else 'handler'} {self.spec.name}"
+            with _tracer.start_as_current_span(
+                name, context=_extract(carrier) if carrier else None, kind=trace.SpanKind.SERVER
+            ) as span:
+                meta, body = await self._dispatch(frame, span, recorder)
+        else:
+            meta, body = await self._dispatch(frame, None, recorder)
+        return {**meta, TRACE_REPLY: recorder.finish()}, body
+
     async def _dispatch(
-        self, frame: Frame, span: trace.Span | None
+        self, frame: Frame, span: trace.Span | None, recorder: RequestTrace | None = None
     ) -> tuple[dict[str, Any], bytes]:
         code, ctx = self._code, self._ctx
         assert code is not None and ctx is not None
@@ -155,12 +181,18 @@ class Worker:
                         "no infer(inputs, ctx)"
                     )
                 inputs = decode_arrays(frame.body)
-                result = await self._call(code.infer, code.infer_is_async, inputs, ctx)
+                infer = code.infer
+                if recorder is not None:
+                    infer = recorder.wrap(infer, code.infer_is_async, f"infer {self.spec.name}")
+                result = await self._call(infer, code.infer_is_async, inputs, ctx)
                 return {}, encode_arrays(check_outputs(self.spec.name, result))
             raw = frame.meta.get("h")
             headers = {k.lower(): v for k, v in raw.items()} if raw else {}
             request = Request(frame.body, MappingProxyType(headers))
-            result = await self._call(code.handler, code.handler_is_async, request, ctx)
+            handler = code.handler
+            if recorder is not None:
+                handler = recorder.wrap(handler, code.handler_is_async, f"handler {self.spec.name}")
+            result = await self._call(handler, code.handler_is_async, request, ctx)
             status, reply_headers, body = to_reply(self.spec.name, result)
             meta = {"s": status, "h": reply_headers} if reply_headers or status != 200 else {}
             return meta, body
