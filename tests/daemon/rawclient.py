@@ -1,15 +1,21 @@
-"""A minimal store client for the daemon tests, built on the protocol module only."""
+"""A minimal store client for the daemon tests, built on the protocol module only, and
+:func:`as_nobody`, the same requests sent from a child running as another uid."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trims.errors import error_from_dict
 from trims.protocol import recv_frame, send_frame
+
+#: uid and gid of ``nobody``: the other user of the access and limits tests.
+NOBODY = 65534
 
 
 class RawClient:
@@ -73,3 +79,45 @@ def frames_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
         for fd in fds:
             os.close(fd)
         frames.append(message)
+
+
+def as_nobody(
+    sock: Path, requests: Sequence[tuple[str, dict[str, Any]]], groups: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """Send ``requests`` on one store connection from a child running as uid/gid nobody with
+    supplementary ``groups``; the replies (descriptors closed in the child)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups(list(groups))
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            replies = []
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(60)
+                s.connect(str(sock))
+                for i, (op, args) in enumerate(requests):
+                    send_frame(s, {"id": i, "op": op, "args": args})
+                    reply, fds = recv_frame(s)
+                    for fd in fds:
+                        os.close(fd)
+                    reply["nfds"] = len(fds)
+                    replies.append(reply)
+            os.write(write_end, json.dumps(replies).encode())
+            status = 0
+        except BaseException as e:  # reported to the parent, which fails the test
+            os.write(write_end, json.dumps([{"child_error": repr(e)}]).encode())
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    with os.fdopen(read_end, "rb") as f:
+        while chunk := f.read(65536):
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    replies: list[dict[str, Any]] = json.loads(b"".join(chunks))
+    assert os.waitstatus_to_exitcode(status) == 0, replies
+    return replies

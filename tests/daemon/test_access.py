@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.daemon.rawclient import RawClient
+from tests.daemon.rawclient import RawClient, as_nobody
 from tests.fixtures.store import DaemonProcess
 from trims.errors import CorruptModel, NotFound, ValidationError
-from trims.protocol import recv_frame, send_frame
 
-NOBODY = 65534
 #: A group nobody is not in, given to the child as a supplementary group where a test says so.
 GROUP = 4242
 W = np.arange(4096, dtype=np.float32)
@@ -35,48 +32,6 @@ def open_daemon(
 ) -> Callable[..., DaemonProcess]:
     """A daemon whose store socket (mode 0666) every uid can reach."""
     return lambda **options: shared_daemon(socket_mode="666", **options)
-
-
-def as_nobody(
-    sock: Path, requests: Sequence[tuple[str, dict[str, Any]]], groups: Sequence[int] = ()
-) -> list[dict[str, Any]]:
-    """Send ``requests`` on one store connection from a child running as uid/gid nobody with
-    supplementary ``groups``; the replies (descriptors closed in the child)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            os.setgroups(list(groups))
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            replies = []
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(60)
-                s.connect(str(sock))
-                for i, (op, args) in enumerate(requests):
-                    send_frame(s, {"id": i, "op": op, "args": args})
-                    reply, fds = recv_frame(s)
-                    for fd in fds:
-                        os.close(fd)
-                    reply["nfds"] = len(fds)
-                    replies.append(reply)
-            os.write(write_end, json.dumps(replies).encode())
-            status = 0
-        except BaseException as e:  # reported to the parent, which fails the test
-            os.write(write_end, json.dumps([{"child_error": repr(e)}]).encode())
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks = []
-    with os.fdopen(read_end, "rb") as f:
-        while chunk := f.read(65536):
-            chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
-    replies: list[dict[str, Any]] = json.loads(b"".join(chunks))
-    assert os.waitstatus_to_exitcode(status) == 0, replies
-    return replies
 
 
 def _source(tmp: Path, weights: np.ndarray = W) -> Path:

@@ -18,16 +18,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.daemon import test_access
-from tests.daemon.rawclient import RawClient
-from tests.daemon.test_access import as_nobody
+from tests.daemon.rawclient import RawClient, as_nobody
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.crashpoints import ADD_POINTS, REMOVE_POINTS
 from trims.errors import CorruptModel, NotFound
 from trims.protocol import recv_frame, send_frame
 
-#: A daemon whose store socket ``nobody`` can reach (the fixture of test_access).
-shared_daemon = test_access.shared_daemon
 W = np.arange(4096, dtype=np.float32)
 ACCESS = {"uids": [os.getuid()], "gids": [os.getgid()]}
 #: Whether the model is present after a crash at each point.
@@ -98,7 +94,7 @@ def test_a_crash_at_any_step_leaves_the_model_absent_or_complete(
 ) -> None:
     source = tmp_path / "m.safetensors"
     save_file({"w": W}, str(source))
-    daemon = shared_daemon(crash_point=point)
+    daemon = shared_daemon(socket_mode="666", crash_point=point)
     if point in REMOVE_POINTS:
         with RawClient(daemon.admin_socket) as admin:
             admin.result("add", name="m", source=str(source), access=ACCESS)

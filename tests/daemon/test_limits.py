@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon.rawclient import RawClient, frames_until_closed
+from tests.daemon.rawclient import NOBODY, RawClient, frames_until_closed
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.limits import ConnectionSlots, ReadBudget
 from trims.protocol import (
@@ -33,7 +33,6 @@ from trims.protocol import (
     send_frame,
 )
 
-NOBODY = 65534
 TINY = {"w": np.arange(256, dtype=np.float32)}
 
 
