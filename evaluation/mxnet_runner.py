@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -170,8 +170,20 @@ OPS: dict[str, Op] = {
 }
 
 
-def build(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """A callable that runs the spec's graph once and returns every tensor it computed."""
+@dataclass(frozen=True)
+class Step:
+    """One ONNX node as MXNet runs it: the node's name and op type, its MXNet mapping."""
+
+    name: str
+    op_type: str
+    fn: Op
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]
+
+
+def prepare(spec: dict[str, Any]) -> tuple[Any, dict[str, Any], list[Step]]:
+    """``mxnet``, the graph's weights and inputs as arrays by name, and its steps in order."""
     import mxnet as mx
 
     for node in spec["nodes"]:
@@ -196,7 +208,17 @@ def build(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
             else rng.standard_normal(tensor["shape"]).astype(np.float32)
         )
         env[tensor["name"]] = mx.nd.array(array)
-    plan = [(OPS[n["op"]], n["inputs"], n["outputs"], n["attrs"]) for n in spec["nodes"]]
+    steps = [
+        Step(n["name"], n["op"], OPS[n["op"]], n["inputs"], n["outputs"], n["attrs"])
+        for n in spec["nodes"]
+    ]
+    return mx, env, steps
+
+
+def build(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """A callable that runs the spec's graph once and returns every tensor it computed."""
+    mx, env, steps = prepare(spec)
+    plan = [(s.fn, s.inputs, s.outputs, s.attrs) for s in steps]
 
     def run() -> dict[str, Any]:
         values = dict(env)

@@ -9,6 +9,9 @@ FLOPs and bytes:
   produces (``/2/Relu_output_0_nchwc``), so it matches the IR node producing that tensor, and
   back along the fused chain to the node of ORT's op type (``Conv`` for a fused Conv+Relu; the
   row's FLOPs are the whole chain's).
+* MXNet layer spans are ONNX nodes (the MXNet workload groups each node's operators under a span
+  named after the node, Note [MXNet operators per ONNX node] in mxnet_child.py): they match the
+  IR node of the same name, as ONNX Runtime's do.
 * PyTorch operators carry no graph names: the k-th operator of an ONNX op type (``aten::conv2d``
   is ``Conv``) matches the k-th IR node of that type, in order. Operators the exporter folds away
   (``aten::batch_norm`` into the convolution) stay unmatched.
@@ -82,6 +85,11 @@ TORCH_TO_ONNX = {
     "aten::local_response_norm": "LRN",
 }
 _ORT_SUFFIXES = ("_nchwc", "_token")
+#: frameworks whose layer spans carry ONNX node names -> how the layer table matches them
+_BY_NODE_NAME = {
+    "onnxruntime": "node name (ONNX Runtime node events -> ONNX graph nodes)",
+    "mxnet": "node name (MXNet operators grouped by the ONNX node that issued them)",
+}
 
 
 @dataclass(frozen=True)
@@ -148,8 +156,8 @@ def layer_rows(
     denominator = predict_ns or sum(s.duration_ns for s in layers) or 1
     matches: list[list[Layer]] = [[] for _ in layers]
     method = "none (no layer IR)"
-    if ir is not None and framework == "onnxruntime":
-        method = "node name (ONNX Runtime node events -> ONNX graph nodes)"
+    if ir is not None and framework in _BY_NODE_NAME:
+        method = _BY_NODE_NAME[framework]
         by_name = {layer.name: layer for layer in ir.layers}
         producers = {t: layer for layer in ir.layers for t in layer.outputs}
         matches = [_ort_match(s, ir, by_name, producers) for s in layers]
@@ -171,7 +179,7 @@ def layer_rows(
         op = _op(s)
         name = (
             str(s.attributes.get("name", s.name))
-            if framework == "onnxruntime"
+            if framework in _BY_NODE_NAME
             else f"{op}_{ordinal[op]}"
         )
         ordinal[op] += 1

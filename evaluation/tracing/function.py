@@ -14,7 +14,9 @@ loads, so a bad request costs nothing and no request can hold the instance for l
 
 As with the analyses function, a request names models (zoo, ``torch:<arch>``,
 ``example:resnet50``), never paths, and where traces are stored (``db``) is the
-deployment's, from the function's config.
+deployment's, from the function's config, and so is the MXNet environment's interpreter
+(``mxnet_python``, for ``"framework": "mxnet"``; default ``$TRIMS_MXNET_PYTHON`` or
+``/tmp/trims-mxnet-venv/bin/python``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def checked(body: object) -> dict[str, Any]:
     """The request's settings, type- and bound-checked; ValidationError saying what to fix."""
     if not isinstance(body, dict) or "model" not in body:
         raise ValidationError(
-            'send a JSON object {"model": "torch:resnet18", "framework": "torch|onnxruntime", '
+            'send a JSON object {"model": "torch:resnet18", '
+            '"framework": "torch|onnxruntime|mxnet", '
             '"level": "model|layer|library|kernel|full", "runs": N, "batch": B}'
         )
     unknown = sorted(set(body) - set(_FIELDS))
@@ -88,7 +91,11 @@ def handler(request: Request, ctx: Context) -> dict[str, Any]:
     ctx.logger.info(
         "trace of %s (%s) to level %s requested", req.model, req.framework, req.level.label
     )
-    result, report = trace(req, process=f"trace function {ctx.instance_id}")
+    result, report = trace(
+        req,
+        process=f"trace function {ctx.instance_id}",
+        mxnet_python=ctx.config.get("mxnet_python"),
+    )
     db = str(ctx.config.get("db") or data_dir(os.environ) / "evaluation.sqlite")
     if "://" not in db:
         os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)

@@ -106,10 +106,17 @@ def make_request(
     )
 
 
-def trace(request: TraceRequest, process: str = "trims trace") -> tuple[LeveledResult, Report]:
-    """Run the leveled measurement and build its report."""
+def trace(
+    request: TraceRequest, process: str = "trims trace", mxnet_python: str | None = None
+) -> tuple[LeveledResult, Report]:
+    """Run the leveled measurement and build its report (``mxnet_python``: see
+    :func:`trims.evaluation.tracing.workload.load`)."""
     w = workload.load(
-        request.model, request.framework, batch=request.batch, threads=request.threads
+        request.model,
+        request.framework,
+        batch=request.batch,
+        threads=request.threads,
+        mxnet_python=mxnet_python,
     )
     try:
         result = measure_levels(w, request.settings(process))

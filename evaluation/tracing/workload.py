@@ -8,8 +8,9 @@ the same way otherwise, so nothing is downloaded).
 
 Frameworks: ``torch`` (the family and example models as their own ``nn.Module``; an ONNX model
 through the evaluation's PyTorch interpreter, one eager op per node) and ``onnxruntime`` (the
-prepared ONNX graph, ``ORT_ENABLE_ALL``). ``mxnet`` runs in its own environment and is
-refused here with the reason (see :func:`load`).
+prepared ONNX graph, ``ORT_ENABLE_ALL``) and ``mxnet`` (the prepared ONNX graph as ``mx.nd``
+operators, run by a child process in the MXNet environment for the whole leveled run:
+:mod:`trims.evaluation.tracing.mxnet_workload`).
 
 One predict is three steps, each its own model-level span when traced: ``preprocess`` (the
 input array to framework tensors), the inference, ``postprocess`` (the outputs back to NumPy).
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trims.errors import NotFound, Unavailable, ValidationError
+from trims.errors import NotFound, ValidationError
 from trims.tracing.levels import Level
 from trims.tracing.sources import Recording
 from trims.tracing.spans import Span
@@ -151,9 +152,11 @@ class Workload(ABC):
     ) -> AbstractContextManager[None]:
         """Open the framework's profiler at ``level`` (> model) around the runs."""
 
-    def run(self) -> None:
-        """One predict, untraced."""
+    def run(self) -> float | None:
+        """One predict, untraced: None (the caller times it), or the seconds it took as timed
+        by a workload that runs in another process (a caller's clock would add the IPC)."""
         self.postprocess(self.infer(self.preprocess()))
+        return None
 
     @contextmanager
     def traced(self, level: Level, *, process: str) -> Iterator[TracedRuns]:
@@ -392,8 +395,19 @@ class OrtWorkload(Workload):
         self._session = self._active = None
 
 
-def load(source: str, framework: str, *, batch: int = 1, threads: int = 1) -> Workload:
-    """The workload for ``source`` in ``framework`` (see the module docstring)."""
+def load(
+    source: str,
+    framework: str,
+    *,
+    batch: int = 1,
+    threads: int = 1,
+    mxnet_python: str | None = None,
+) -> Workload:
+    """The workload for ``source`` in ``framework`` (see the module docstring).
+
+    ``mxnet_python``: the MXNet environment's interpreter (default: ``$TRIMS_MXNET_PYTHON``,
+    then the evaluation's MXNet virtualenv); Unavailable, naming it, when MXNet is not there.
+    """
     framework = parse_framework(framework)
     if not 1 <= batch <= 1024:
         raise ValidationError(f"batch must be between 1 and 1024, got {batch!r}")
@@ -401,7 +415,6 @@ def load(source: str, framework: str, *, batch: int = 1, threads: int = 1) -> Wo
         return TorchWorkload(source, batch, threads)
     if framework == "onnxruntime":
         return OrtWorkload(source, batch, threads)
-    raise Unavailable(
-        "framework mxnet: leveled MXNet traces run inside the MXNet environment, which this "
-        "build of trims trace does not drive yet; trace the model with torch or onnxruntime"
-    )
+    from trims.evaluation.tracing.mxnet_workload import MxnetWorkload
+
+    return MxnetWorkload(source, batch, threads, mxnet_python)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trims.errors import Unavailable, ValidationError
+from trims.errors import ValidationError
 from trims.evaluation.measure import MeasureSettings
 from trims.evaluation.tracing import workload
 from trims.evaluation.tracing.leveled import (
@@ -84,5 +84,3 @@ def test_bad_framework_and_settings_are_refused(residual_path: Path) -> None:
         workload.load(str(residual_path), "tensorflow")
     with pytest.raises(ValidationError, match="wall clock"):
         TraceSettings(measure=MeasureSettings())
-    with pytest.raises(Unavailable, match="MXNet environment"):
-        workload.load(str(residual_path), "mxnet")
