@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("trims.operators.cli", "run the Kubernetes operator"),
     "analyze": ("trims.evaluation.cli", "layer IR, lower-bound latency and brick analyses"),
     "trace": ("trims.evaluation.tracing.cli", "leveled across-stack trace of a model"),
+    "evaluate": ("trims.evaluation.harness.cli", "evaluate models: manifests, scenarios, results"),
     "kernels": ("trims.kernels.cli", "GPU kernel studies (tcu, klap, transfer, als)"),
 }
 

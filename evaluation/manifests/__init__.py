@@ -1,0 +1,1 @@
+"""The shipped evaluation manifests (one YAML file per model); see trims.evaluation.harness."""
