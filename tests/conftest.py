@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.runtime",
     "tests.fixtures.unprivileged",
     "tests.fixtures.otlp",
+    "tests.fixtures.postgres",
 ]
 
 

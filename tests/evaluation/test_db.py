@@ -139,5 +139,53 @@ def test_schema_1_database_is_migrated_and_keeps_its_results(tmp_path: Path) -> 
     with engine.connect() as conn:
         version = conn.execute(sa.text("SELECT value FROM meta WHERE key = 'schema'")).scalar()
     engine.dispose()
-    assert version == str(SCHEMA_VERSION) == "2"
+    assert version == str(SCHEMA_VERSION) == "3"
     ResultsDB(str(path)).close()  # a migrated database opens again as it is
+
+
+def test_schema_2_database_gains_evaluations_and_keeps_its_traces(tmp_path: Path) -> None:
+    """Schema 2 (traces, no evaluations) -> 3; a read-only open neither migrates nor fails."""
+    import sqlalchemy as sa
+
+    from trims.evaluation.db import SCHEMA_VERSION, TraceRecord
+
+    path = tmp_path / "v2.sqlite"
+    _schema_1_database(path)
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "CREATE TABLE traces (trace_id VARCHAR(32) PRIMARY KEY, model VARCHAR(256) NOT "
+                "NULL, framework VARCHAR(64) NOT NULL, level VARCHAR(16) NOT NULL, created_at "
+                "FLOAT NOT NULL, summary TEXT NOT NULL, spans TEXT NOT NULL)"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO traces VALUES ('" + "ab" * 16 + "', 'torch:resnet18', 'torch', "
+                "'layer', 1.0, '{\"layers\": []}', '[{\"name\": \"x\"}]')"
+            )
+        )
+        conn.execute(sa.text("UPDATE meta SET value = '2' WHERE key = 'schema'"))
+    engine.dispose()
+    readonly = ResultsDB(str(path), readonly=True)
+    try:
+        assert readonly.version == 2 and readonly.evaluations() == []
+    finally:
+        readonly.close()
+    db = ResultsDB(str(path))
+    try:
+        assert db.version == SCHEMA_VERSION == 3
+        assert db.get(KEY) == Measurement(1.5, 1.4, 0.1, 1.2, 10, 0.3)
+        assert db.get_trace("ab" * 16) == TraceRecord(
+            "ab" * 16, "torch:resnet18", "torch", "layer", 1.0, {"layers": []}, [{"name": "x"}]
+        )
+        assert db.evaluations() == []
+    finally:
+        db.close()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert sa.inspect(conn).has_table("evaluations")
+        version = conn.execute(sa.text("SELECT value FROM meta WHERE key = 'schema'")).scalar()
+    engine.dispose()
+    assert version == "3"
