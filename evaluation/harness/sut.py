@@ -1,0 +1,462 @@
+"""Systems under test: one model behind ``predict(batch) -> outputs``, in process or over HTTP.
+
+Every system under test answers the same two methods (:class:`SystemUnderTest`):
+``predict(batch)`` takes a list of samples and returns one output per sample, in order, and
+``close()`` frees what it holds. A sample is one preprocessed input without the batch axis: a
+NumPy array for a single-input model, or ``{input name: array}``; an output is
+``{output name: array}`` (that sample's row of every output).
+
+* :class:`DirectSUT`: the model in this process, through the project's adapters
+  (:func:`trims.runtime.models.open_model`: from the store when a daemon runs, else the file),
+  an ONNX Runtime session or a torch module, with ``threads`` intra-op threads.
+* :class:`GatewaySUT`: the model deployed as a function on a running gateway, invoked over the
+  Open Inference Protocol (KServe V2) with the binary tensor extension over a persistent
+  aiohttp connection pool; it can deploy the function from a spec and remove it at close.
+
+Both split a batch into chunks the model accepts (a fixed batch dimension, e.g. the zoo's 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from trims.errors import TrimsError, Unavailable, ValidationError, error_from_dict
+
+__all__ = [
+    "DirectSUT",
+    "GatewaySUT",
+    "Output",
+    "SystemUnderTest",
+    "onnx_function_spec",
+]
+
+log = logging.getLogger(__name__)
+
+#: One sample's outputs: output name -> that sample's array.
+Output = dict[str, np.ndarray]
+_T = TypeVar("_T")
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+#: Open Inference Protocol datatypes of the NumPy dtypes a model takes or gives.
+_DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+#: ONNX Runtime's type strings -> Open Inference Protocol datatypes.
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(int8)": "INT8",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+}
+
+
+class SystemUnderTest(Protocol):
+    """What LoadGen's SUT calls (see :mod:`.loadgen`)."""
+
+    name: str
+
+    def predict(self, batch: list[Any]) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+def _stack(batch: Sequence[Any], inputs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Samples -> one batched array per input (a new leading axis)."""
+    if not batch:
+        raise ValidationError("predict got an empty batch")
+    if isinstance(batch[0], Mapping):
+        missing = [n for n in inputs if n not in batch[0]]
+        if missing:
+            raise ValidationError(
+                f"samples lack input(s) {', '.join(missing)}; the model takes {', '.join(inputs)}"
+            )
+        return {n: np.stack([np.asarray(s[n]) for s in batch]) for n in inputs}
+    if len(inputs) != 1:
+        raise ValidationError(
+            f"the model takes {len(inputs)} inputs ({', '.join(inputs)}): give each sample "
+            "as {input name: array}"
+        )
+    return {inputs[0]: np.stack([np.asarray(s) for s in batch])}
+
+
+def _split(outputs: Mapping[str, np.ndarray], n: int) -> list[Output]:
+    """Batched outputs -> one ``{name: row}`` per sample."""
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != n:
+            raise TrimsError(
+                f"output {name} has shape {list(array.shape)}, not a leading batch axis of {n}: "
+                "the model must answer one row per sample"
+            )
+    return [{name: array[i] for name, array in outputs.items()} for i in range(n)]
+
+
+def _chunks(batch: list[Any], size: int | None) -> list[list[Any]]:
+    if size is None or size >= len(batch):
+        return [batch]
+    return [batch[i : i + size] for i in range(0, len(batch), size)]
+
+
+def _fixed_batch(dim: Any) -> int | None:
+    """A declared leading dimension: an int >= 1 is a fixed batch size; else variable."""
+    return dim if isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1 else None
+
+
+class DirectSUT:
+    """The model in this process: ``run(feeds) -> outputs`` over batched arrays.
+
+    ``max_batch``: the largest batch the model accepts (a fixed batch dimension); None = any.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+        inputs: Sequence[str],
+        *,
+        max_batch: int | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.max_batch = max_batch
+        self._run = run
+        self._on_close = on_close
+
+    @classmethod
+    def onnx(
+        cls,
+        name: str,
+        source: str | Path | None = None,
+        *,
+        threads: int = 1,
+        socket_path: str | Path | None = None,
+    ) -> DirectSUT:
+        """An ONNX Runtime session over model ``name``: from the store when its daemon runs
+        (``socket_path``, default the usual socket), else loaded from ``source``."""
+        import onnxruntime as ort
+
+        from trims.runtime.models import open_model
+
+        model = open_model(name, source=source, socket_path=socket_path)
+        try:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = model.onnx_session(sess_options=options)
+        except BaseException:
+            model.close()
+            raise
+        inputs = [i.name for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        types = {i.name: _ORT_TYPES.get(i.type) for i in session.get_inputs()}
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            cast = {
+                k: np.ascontiguousarray(v, dtype=_DATATYPES[types[k] or "FP32"])
+                for k, v in feeds.items()
+            }
+            return dict(zip(outputs, session.run(outputs, cast), strict=True))
+
+        log.info(
+            "direct system under test %s: ONNX Runtime via %s, %d intra-op threads",
+            name,
+            model.via,
+            threads,
+        )
+        return cls(
+            name,
+            run,
+            inputs,
+            max_batch=_fixed_batch(session.get_inputs()[0].shape[0]),
+            on_close=model.close,
+        )
+
+    @classmethod
+    def torch(
+        cls,
+        name: str,
+        module: Any,
+        *,
+        input_name: str = "input",
+        output_name: str = "output",
+        threads: int | None = None,
+    ) -> DirectSUT:
+        """A torch module called on a float32 batch under ``inference_mode``; ``threads`` sets
+        torch's (process-wide) intra-op thread count when given."""
+        import torch
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        module.eval()
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with torch.inference_mode():
+                out = module(torch.from_numpy(np.ascontiguousarray(feeds[input_name])))
+            return {output_name: out.numpy()}
+
+        return cls(name, run, [input_name])
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        results: list[Any] = []
+        for chunk in _chunks(batch, self.max_batch):
+            results.extend(_split(self._run(_stack(chunk, self.inputs)), len(chunk)))
+        return results
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            on_close()
+
+
+def onnx_function_spec(
+    name: str,
+    source: str | Path,
+    *,
+    code_dir: str | Path,
+    handler: str = "handler:handler",
+    executor: str | None = None,
+    max_instances: int = 1,
+    concurrency: int = 1,
+) -> dict[str, Any]:
+    """A function spec serving the ONNX model at ``source`` over the Open Inference Protocol.
+
+    The handler module in ``code_dir`` must define ``init(ctx)`` opening
+    ``ctx.models["model"].onnx_session()`` and ``infer(inputs, ctx)``, as
+    ``examples/onnx_zoo/handler.py`` does. The served tensors are read from the model.
+    """
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+
+    def meta(args: Sequence[Any]) -> list[dict[str, Any]]:
+        out = []
+        for t in args:
+            if t.type not in _ORT_TYPES:
+                raise ValidationError(
+                    f"model {name}: tensor {t.name} of type {t.type} cannot be served"
+                )
+            shape = [d if isinstance(d, int) else -1 for d in t.shape]
+            out.append({"name": t.name, "datatype": _ORT_TYPES[t.type], "shape": shape})
+        return out
+
+    spec: dict[str, Any] = {
+        "name": name,
+        "handler": handler,
+        "code_dir": str(code_dir),
+        "models": [
+            {"name": name, "alias": "model", "framework": "onnxruntime", "source": str(source)}
+        ],
+        "scaling": {"max_instances": max_instances, "concurrency": concurrency},
+        "serves": {"inputs": meta(session.get_inputs()), "outputs": meta(session.get_outputs())},
+    }
+    if executor is not None:
+        spec["executor"] = executor
+    return spec
+
+
+class GatewaySUT:
+    """A function on a running gateway, invoked over the Open Inference Protocol.
+
+    Requests go from a private event loop thread through one aiohttp session (a persistent
+    pool of ``connections`` connections), so ``predict`` may be called from LoadGen's threads
+    at once. A batch larger than the model's fixed batch dimension is sent as concurrent
+    requests. ``binary``: the binary tensor extension (else JSON tensors).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        token: str | None = None,
+        binary: bool = True,
+        connections: int = 8,
+        timeout_s: float = 120.0,
+    ) -> None:
+        import aiohttp
+
+        self.name = model
+        self.url = url.rstrip("/")
+        self.binary = binary
+        self._deployed = False
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"gateway-sut-{model}", daemon=True
+        )
+        self._thread.start()
+
+        async def make_session() -> aiohttp.ClientSession:
+            return aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=connections),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers=self._headers,
+            )
+
+        self._session = self._call(make_session())
+        try:
+            meta = self._call(self._json("GET", f"/v2/models/{model}"))
+        except BaseException:
+            self._shutdown()
+            raise
+        self.inputs = tuple(t["name"] for t in meta["inputs"])
+        self.datatypes = {t["name"]: t["datatype"] for t in meta["inputs"]}
+        self.max_batch = _fixed_batch(meta["inputs"][0]["shape"][0])
+
+    @classmethod
+    def deploy(cls, url: str, spec: Mapping[str, Any], **options: Any) -> GatewaySUT:
+        """Deploy ``spec`` (it must declare ``serves``) and invoke it; :meth:`close` removes
+        the function again. ``options`` as for the constructor (``token`` must be an admin's)."""
+        import urllib.error
+        import urllib.request
+
+        name = spec.get("name")
+        if not isinstance(name, str) or "serves" not in spec:
+            raise ValidationError(
+                "a gateway system under test needs a function spec with a name and 'serves'"
+            )
+        token = options.get("token")
+        request = urllib.request.Request(
+            f"{url.rstrip('/')}/v1/functions/{name}",
+            data=json.dumps(dict(spec)).encode(),
+            method="PUT",
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                response.read()
+        except urllib.error.HTTPError as e:
+            raise _error(e.code, e.read(), f"deploying function {name}") from None
+        except urllib.error.URLError as e:
+            raise Unavailable(f"cannot reach the gateway at {url}: {e.reason}") from e
+        log.info("function %s deployed on %s for a gateway system under test", name, url)
+        sut = cls(url, name, **options)
+        sut._deployed = True
+        return sut
+
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _json(self, method: str, path: str) -> Any:
+        async with self._session.request(method, self.url + path) as r:
+            body = await r.read()
+            if r.status >= 400:
+                raise _error(r.status, body, f"{method} {path}")
+            return json.loads(body) if body else None
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return self._call(self._predict(batch))
+
+    async def _predict(self, batch: list[Any]) -> list[Output]:
+        chunks = _chunks(batch, self.max_batch)
+        answers = await asyncio.gather(*(self._infer(c) for c in chunks))
+        return [out for answer in answers for out in answer]
+
+    async def _infer(self, chunk: list[Any]) -> list[Output]:
+        feeds = _stack(chunk, self.inputs)
+        body, headers = encode_request(feeds, self.datatypes, self.binary)
+        path = f"/v2/models/{self.name}/infer"
+        async with self._session.post(self.url + path, data=body, headers=headers) as r:
+            payload = await r.read()
+            if r.status >= 400:
+                raise _error(r.status, payload, f"inferring {self.name}")
+            outputs = decode_response(payload, r.headers.get(HEADER_LENGTH))
+        return _split(outputs, len(chunk))
+
+    def close(self) -> None:
+        """Close the connection pool, and remove the function when :meth:`deploy` made it."""
+        if not self._thread.is_alive():
+            return
+        try:
+            if self._deployed:
+                self._call(self._json("DELETE", f"/v1/functions/{self.name}"))
+                log.info("function %s removed from %s", self.name, self.url)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._call(self._session.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def _error(status: int, body: bytes, doing: str) -> TrimsError:
+    try:
+        return error_from_dict(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        text = body[:200].decode(errors="replace")
+        return TrimsError(f"{doing}: the gateway answered {status}: {text}")
+
+
+def encode_request(
+    feeds: Mapping[str, np.ndarray], datatypes: Mapping[str, str], binary: bool = True
+) -> tuple[bytes, dict[str, str]]:
+    """An infer request body and headers; outputs are asked for in binary when ``binary``."""
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, array in feeds.items():
+        datatype = datatypes.get(name, "FP32")
+        data = np.ascontiguousarray(array, dtype=_DATATYPES[datatype])
+        entry: dict[str, Any] = {"name": name, "shape": list(data.shape), "datatype": datatype}
+        if binary:
+            blob = data.tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = data.reshape(-1).tolist()
+        entries.append(entry)
+    head = json.dumps({"inputs": entries, "parameters": {"binary_data_output": binary}}).encode()
+    if not binary:
+        return head, {"Content-Type": "application/json"}
+    return head + b"".join(blobs), {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH: str(len(head)),
+    }
+
+
+def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndarray]:
+    """An infer response body (JSON, or JSON + binary tensors) -> output name -> array."""
+    n = int(header_length) if header_length is not None else len(body)
+    doc = json.loads(body[:n])
+    offset = n
+    outputs: dict[str, np.ndarray] = {}
+    for entry in doc["outputs"]:
+        dtype = _DATATYPES.get(entry["datatype"])
+        if dtype is None:
+            raise TrimsError(
+                f"output {entry['name']} is {entry['datatype']}: only numeric tensors are decoded"
+            )
+        size = (entry.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            array = np.frombuffer(body, dtype=dtype, count=size // dtype.itemsize, offset=offset)
+            offset += size
+        else:
+            array = np.asarray(entry["data"], dtype=dtype)
+        outputs[entry["name"]] = array.reshape(entry["shape"])
+    return outputs

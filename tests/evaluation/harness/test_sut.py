@@ -1,0 +1,205 @@
+"""Systems under test: DirectSUT (file and store) and GatewaySUT against a real gateway.
+
+The model is a small ONNX MLP written by :func:`tiny_mlp` (seeded weights), so every answer can
+be checked against the same arithmetic in NumPy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.fixtures.store import DaemonProcess
+from tests.runtime.gateway.conftest import RunningGateway, start_gateway
+from trims.errors import NotFound, ValidationError
+from trims.evaluation.harness.sut import (
+    DirectSUT,
+    GatewaySUT,
+    decode_response,
+    encode_request,
+    onnx_function_spec,
+)
+from trims.runtime.gateway.tensors import HEADER_LENGTH, parse_request
+
+__all__ = ["ONNX_HANDLER", "start_gateway", "tiny_mlp", "tiny_mlp_reference"]
+
+#: The zoo example's handler: init opens ctx.models["model"].onnx_session(), infer runs it.
+ONNX_HANDLER = Path(__file__).parents[3] / "examples" / "onnx_zoo"
+FEATURES, HIDDEN, CLASSES = 16, 32, 4
+
+
+def _weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {
+        "w1": rng.standard_normal((FEATURES, HIDDEN)).astype(np.float32),
+        "b1": rng.standard_normal(HIDDEN).astype(np.float32),
+        "w2": rng.standard_normal((HIDDEN, CLASSES)).astype(np.float32),
+        "b2": rng.standard_normal(CLASSES).astype(np.float32),
+    }
+
+
+def tiny_mlp(path: Path, batch: int | str = "N") -> Path:
+    """An ONNX MLP ``x [batch, 16] -> probs [batch, 4]`` (softmax of relu(x W1 + b1) W2 + b2);
+    ``batch`` an int fixes the batch dimension."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["l0"]),
+        helper.make_node("Add", ["l0", "b2"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, FEATURES])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, CLASSES])],
+        [numpy_helper.from_array(v, k) for k, v in _weights().items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def tiny_mlp_reference(x: np.ndarray) -> np.ndarray:
+    w = _weights()
+    logits = np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"] + w["b2"]
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
+def samples(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(FEATURES).astype(np.float32) for _ in range(n)]
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    return tiny_mlp(tmp_path / "tiny.onnx")
+
+
+def test_direct_sut_answers_one_output_per_sample(model_file: Path, tmp_path: Path) -> None:
+    sut = DirectSUT.onnx("tiny", model_file, socket_path=tmp_path / "no-store.sock")
+    try:
+        batch = samples(5)
+        outputs = sut.predict(batch)
+    finally:
+        sut.close()
+    assert len(outputs) == 5
+    for x, out in zip(batch, outputs, strict=True):
+        assert set(out) == {"probs"}
+        np.testing.assert_allclose(out["probs"], tiny_mlp_reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_direct_sut_splits_batches_for_a_fixed_batch_model(tmp_path: Path) -> None:
+    fixed = tiny_mlp(tmp_path / "fixed.onnx", batch=1)
+    sut = DirectSUT.onnx("fixed", fixed, socket_path=tmp_path / "no-store.sock")
+    try:
+        assert sut.max_batch == 1
+        batch = samples(3)
+        outputs = sut.predict(batch)
+    finally:
+        sut.close()
+    got = np.stack([o["probs"] for o in outputs])
+    np.testing.assert_allclose(got, tiny_mlp_reference(np.stack(batch)), rtol=1e-5, atol=1e-6)
+
+
+def test_direct_sut_maps_the_model_from_the_store(
+    model_file: Path, store_daemon: DaemonProcess
+) -> None:
+    added = store_daemon.request("add", admin=True, name="tiny", source=str(model_file))
+    assert added["ok"], added
+    sut = DirectSUT.onnx("tiny", socket_path=store_daemon.socket)
+    try:
+        batch = samples(4)
+        outputs = sut.predict(batch)
+    finally:
+        sut.close()
+    got = np.stack([o["probs"] for o in outputs])
+    np.testing.assert_allclose(got, tiny_mlp_reference(np.stack(batch)), rtol=1e-5, atol=1e-6)
+
+
+def test_direct_sut_without_store_or_source_says_so(tmp_path: Path) -> None:
+    with pytest.raises(NotFound):
+        DirectSUT.onnx("absent", tmp_path / "absent.onnx", socket_path=tmp_path / "no.sock")
+
+
+def test_multi_input_samples_must_name_every_input() -> None:
+    sut = DirectSUT("two", lambda feeds: {"y": feeds["a"] + feeds["b"]}, ["a", "b"])
+    out = sut.predict([{"a": np.ones(2), "b": np.ones(2)}])
+    np.testing.assert_array_equal(out[0]["y"], [2.0, 2.0])
+    with pytest.raises(ValidationError, match="lack input"):
+        sut.predict([{"a": np.ones(2)}])
+    with pytest.raises(ValidationError, match="takes 2 inputs"):
+        sut.predict([np.ones(2)])
+
+
+def test_encoded_requests_parse_as_the_gateway_parses_them() -> None:
+    feeds = {
+        "x": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "ids": np.array([[1, 2]], dtype=np.int64),
+    }
+    for binary in (True, False):
+        body, headers = encode_request(feeds, {"x": "FP32", "ids": "INT64"}, binary)
+        parsed = parse_request(body, headers.get(HEADER_LENGTH))
+        assert parsed.binary_default is binary
+        for name, array in feeds.items():
+            np.testing.assert_array_equal(parsed.inputs[name], array)
+            assert parsed.inputs[name].dtype == array.dtype
+
+
+def test_decode_response_reads_binary_and_json_outputs() -> None:
+    from trims.runtime.gateway.tensors import InferRequest, encode_response
+
+    outputs = {"a": np.arange(4, dtype=np.float32).reshape(2, 2), "b": np.array([7], np.int32)}
+    for binary in (True, False):
+        request = InferRequest(id=None, inputs={}, outputs=None, binary_default=binary)
+        body, headers = encode_response("m", "1", request, outputs)
+        decoded = decode_response(body, headers.get(HEADER_LENGTH))
+        for name, array in outputs.items():
+            np.testing.assert_array_equal(decoded[name], array)
+
+
+async def test_gateway_sut_gives_the_direct_outputs(
+    model_file: Path,
+    tmp_path: Path,
+    start_gateway: Callable[..., Awaitable[RunningGateway]],
+) -> None:
+    gw = await start_gateway()
+    spec = onnx_function_spec("tiny-mlp", model_file, code_dir=ONNX_HANDLER)
+    batch = samples(6, seed=3)
+
+    def evaluate() -> tuple[list[Any], list[Any]]:
+        direct = DirectSUT.onnx("tiny-mlp", model_file, socket_path=tmp_path / "no-store.sock")
+        gateway = GatewaySUT.deploy(gw.url, spec)
+        try:
+            return direct.predict(batch), gateway.predict(batch)
+        finally:
+            direct.close()
+            gateway.close()
+
+    direct_out, gateway_out = await asyncio.to_thread(evaluate)
+    assert len(gateway_out) == len(batch)
+    for d, g in zip(direct_out, gateway_out, strict=True):
+        assert set(g) == {"probs"}
+        np.testing.assert_allclose(g["probs"], d["probs"], rtol=1e-6, atol=1e-7)
+    status, _ = await gw.get_json("/v1/functions/tiny-mlp")
+    assert status == 404, "close() removes the function deploy() made"
+
+
+async def test_gateway_sut_for_an_unknown_model_is_not_found(
+    start_gateway: Callable[..., Awaitable[RunningGateway]],
+) -> None:
+    gw = await start_gateway()
+    with pytest.raises(NotFound, match="no model named"):
+        await asyncio.to_thread(GatewaySUT, gw.url, "absent")
