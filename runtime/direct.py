@@ -120,11 +120,17 @@ class DirectModel(ModelBase):
 
         if self.format != "onnx":
             raise ValidationError(f"model {self.name} is {self.format}, not ONNX")
+        from trims.runtime.adapters.onnxruntime import SharedSession
+
         options = sess_options or ort.SessionOptions()
         if not prepack:
             options.add_session_config_entry("session.disable_prepacking", "1")
-        return ort.InferenceSession(
-            str(self.path), options, providers=list(providers or ["CPUExecutionProvider"])
+        chosen = list(providers or ["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(self.path), options, providers=chosen)
+        # A SharedSession with no shared initializers, so traced calls profile (Note
+        # [Profiled twins] in trims.runtime.adapters.onnxruntime) as on the store path.
+        return SharedSession(
+            session, {}, model=self.name, source=str(self.path), options=options, providers=chosen
         )
 
     def mxnet(self) -> dict[str, Any]:

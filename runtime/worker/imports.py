@@ -42,6 +42,8 @@ WORKER_MODULES = (
     "trims.tracing.spans",
     "trims.tracing.sources",
     "trims.tracing.sources.torch",
+    "trims.tracing.sources.onnxruntime",
+    "trims.tracing.active",
     "trims.runtime.worker.tracing",
 )
 

@@ -7,9 +7,11 @@ The gateway asks for a trace by putting a level in the request meta (``"tl"``, s
   ``("worker <pid>", "event loop")``;
 * a ``model`` span around the handler (or infer) call, on the thread that ran it, child of the
   worker span;
-* below ``model``, what the framework source records while the call runs at the requested level
-  (``torch.profiler`` through :mod:`trims.tracing.sources.torch` when torch is imported in
-  this worker); parents of those come from time containment (Note [parents] in spans.py),
+* below ``model``, what the framework sources record while the call runs at the requested
+  level: ``torch.profiler`` through :mod:`trims.tracing.sources.torch` when torch is imported
+  in this worker, and ONNX Runtime node events from every session made through trims
+  (``model.onnx_session()``) that ran in the call (Note [ONNX Runtime sessions are profiled
+  by twins]); parents of those come from time containment (Note [parents] in spans.py),
   resolved by the gateway when it assembles the trace.
 
 The spans go back in the reply meta ``"tr"`` (at most :data:`MAX_SPANS`; the longest are
@@ -21,13 +23,19 @@ A profiler that fails to start, or to stop, sets ``error`` and the call runs (or
 stands) as if untraced: the caller gets the function's answer plus ``trims-trace-error``. Only
 the handler's own exceptions propagate.
 
-Note [ONNX Runtime sessions are not profiled]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Note [ONNX Runtime sessions are profiled by twins]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ONNX Runtime enables profiling when a session is created, and a handler makes its sessions in
 ``init(ctx)``, long before a traced request arrives; profiling every session from the start
-would slow every untraced call. So a traced call that ran no torch operators in a worker
-where onnxruntime is imported says so (``layer: unavailable``) with the way to get ORT node
-spans (``trims trace MODEL --framework onnxruntime``), never silently.
+would slow every untraced call. So around a call traced at ``layer`` or deeper the worker
+activates a :class:`trims.tracing.active.ActiveTrace`; a session made through trims
+(:class:`trims.runtime.adapters.onnxruntime.SharedSession`) that runs in the call runs on a
+profiled twin built for the call over the same weights (Note [Profiled twins] there), and the
+twin's node spans come back through the active trace when the call ends, after the model span
+is closed, so collecting them is not timed as the model's work. A session the handler built
+itself with ``onnxruntime.InferenceSession`` is not seen: a traced call in which no torch
+operators and no trims session ran says so (``layer: unavailable``) with the fix
+(``model.onnx_session()``), never silently.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from trims.tracing.active import ActiveTrace, activate
 from trims.tracing.levels import Level, levels_up_to, parse_level
+from trims.tracing.sources import Recording
 from trims.tracing.spans import Span, new_span_id
 
 __all__ = ["MAX_SPANS", "RequestTrace"]
@@ -53,14 +63,15 @@ log = logging.getLogger(__name__)
 #: a kernel trace of a large model can have far more, and the reply meta is JSON).
 MAX_SPANS = 20_000
 
-_ORT_UNPROFILED = (
-    "no torch operators ran, and ONNX Runtime sessions made in init are not profiled "
-    "(profiling must be enabled when a session is created); trace the model with "
-    "`trims trace MODEL --framework onnxruntime` for its node spans"
+_ORT_UNSEEN = (
+    "no torch operators and no ONNX Runtime session made through trims ran: a session the "
+    "handler builds itself with onnxruntime.InferenceSession is not profiled; build it with "
+    "ctx.models[NAME].onnx_session() (or open_model(...).onnx_session()), whose traced calls "
+    "run on a profiled twin"
 )
 _NO_FRAMEWORK = (
-    "this worker has no framework trims can profile loaded (torch); the function's own "
-    "work is the model span"
+    "this worker ran no framework trims can profile (torch, or an ONNX Runtime session from "
+    "model.onnx_session()); the function's own work is the model span"
 )
 
 
@@ -101,13 +112,16 @@ class RequestTrace:
     @contextlib.contextmanager
     def _profiled(self, name: str) -> Iterator[None]:
         stack = contextlib.ExitStack()
-        recording: Any = None
+        recording: Recording | None = None
         source = self._source()
         if source is not None:
             try:
                 recording = stack.enter_context(source)
             except Exception as e:
                 self._failed("start", e)
+        active: ActiveTrace | None = None
+        if self.level >= Level.LAYER:
+            active = stack.enter_context(activate(ActiveTrace(self.level, process=self.process)))
         start = time.time_ns()
         try:
             yield
@@ -128,17 +142,12 @@ class RequestTrace:
                     attributes={"function": self.function},
                 )
             )
-            if recording is not None:
-                self._take(recording)
+            if active is not None:
+                self._take(recording, active.close())
 
     def _source(self) -> AbstractContextManager[Any] | None:
-        """The framework source for this level, or None (and why, in ``unavailable``)."""
-        if self.level <= Level.MODEL:
-            return None
-        if "torch" not in sys.modules:
-            self._unavailable_below_model(
-                _ORT_UNPROFILED if "onnxruntime" in sys.modules else _NO_FRAMEWORK
-            )
+        """The torch source for this level, or None (no torch here, or below ``layer``)."""
+        if self.level <= Level.MODEL or "torch" not in sys.modules:
             return None
         try:
             from trims.tracing.sources import torch as torch_source
@@ -149,17 +158,29 @@ class RequestTrace:
             return None
         return source
 
-    def _take(self, recording: Any) -> None:
+    def _take(self, torch_recording: Recording | None, ort_recordings: list[Recording]) -> None:
+        """The sources' spans, unavailable levels and errors; ``layer`` is unavailable only
+        when neither torch nor a trims ONNX Runtime session was profiled (Note [ONNX Runtime
+        sessions are profiled by twins])."""
         wanted = set(levels_up_to(self.level))
-        for level, reason in recording.unavailable.items():
-            if level in wanted:
-                self.unavailable[level] = str(reason)
-        if recording.error:
-            self.error = str(recording.error)
-        self.spans.extend(recording.spans)
-        ran_layers = any(s.level is Level.LAYER for s in recording.spans)
-        if not ran_layers and "onnxruntime" in sys.modules and Level.LAYER in wanted:
-            self.unavailable.setdefault(Level.LAYER, _ORT_UNPROFILED)
+        recordings = [torch_recording] if torch_recording is not None else []
+        for recording in [*recordings, *ort_recordings]:
+            for level, reason in recording.unavailable.items():
+                if level in wanted:
+                    self.unavailable[level] = str(reason)
+            if recording.error:
+                self.error = f"{self.error}; {recording.error}" if self.error else recording.error
+            self.spans.extend(recording.spans)
+        if any(s.level is Level.LAYER for s in self.spans) or ort_recordings:
+            return
+        if "torch" in sys.modules:
+            # torch was profiled and ran no operators, or its profiler failed (``error``).
+            if torch_recording is not None and "onnxruntime" in sys.modules:
+                self.unavailable.setdefault(Level.LAYER, _ORT_UNSEEN)
+            return
+        self._unavailable_below_model(
+            _ORT_UNSEEN if "onnxruntime" in sys.modules else _NO_FRAMEWORK
+        )
 
     def _unavailable_below_model(self, reason: str) -> None:
         for level in levels_up_to(self.level):

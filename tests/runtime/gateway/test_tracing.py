@@ -3,7 +3,9 @@
 A torch function (a small CNN built in ``init``) invoked with ``trims-trace-level: layer``
 answers with its own body plus ``trims-trace-id``; the gateway keeps one trace tree (gateway
 service spans > worker span > model span > aten operators) served as JSON and as a Chrome
-trace, and exports the same tree over OTLP to a test-owned receiver.
+trace, and exports the same tree over OTLP to a test-owned receiver. An ONNX model from the
+store, run through ``model.onnx_session()``, shows its ORT node spans under the model span the
+same way; a session the handler builds itself is named as the reason layers are missing.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import tempfile
 import textwrap
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.runtime.gateway.conftest import ADMIN, RunningGateway
 from trims.runtime.settings import Token
@@ -307,3 +313,131 @@ async def test_open_inference_protocol_infer_is_traced(
         "worker linear",
         "infer linear",
     ]
+
+
+ORT_CNN = """
+import tempfile
+
+import numpy as np
+
+def init(ctx):
+    ctx.state["session"] = ctx.models["model"].onnx_session()
+
+def handler(request, ctx):
+    session = ctx.state["session"]
+    if request.headers.get("x-probe"):
+        return {"tmp": tempfile.gettempdir(), "profiling": session.session.end_profiling()}
+    y = session.run(None, {"x": np.ones((1, 3, 16, 16), np.float32)})[0]
+    return {"y": [round(float(v), 3) for v in y[0]]}
+"""
+
+OWN_ORT = """
+import numpy as np
+import onnxruntime
+from onnx import TensorProto, helper
+
+def init(ctx):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ctx.state["session"] = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+
+def handler(request, ctx):
+    y = ctx.state["session"].run(None, {"x": np.array([-1.0, 2.0], np.float32)})[0]
+    return {"y": y.tolist()}
+"""
+
+
+@pytest.fixture
+def worker_tmp() -> Iterator[Path]:
+    """A temp dir for the function's workers (TMPDIR): under /tmp, so the worker's user can
+    reach it, and the test's own, so a profile left there is seen."""
+    folder = Path(tempfile.mkdtemp(prefix="trims-test-worker-tmp-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_an_onnx_runtime_function_from_the_store_shows_its_node_spans(
+    start_gateway: Callable[..., Awaitable[RunningGateway]],
+    start_daemon: Callable[..., Any],
+    tmp_path: Path,
+    otlp_receiver: Any,
+    worker_tmp: Path,
+) -> None:
+    onnx = pytest.importorskip("onnx")
+    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from trims.runtime.client import StoreClient
+
+    daemon = start_daemon()
+    source = tmp_path / "cnn.onnx"
+    onnx.save(small_cnn(), str(source))
+    with StoreClient(daemon.socket) as admin:
+        admin.add("cnn-onnx", source)
+    gw = await start_gateway(
+        tokens=TOKENS, store_socket=daemon.socket, otlp_endpoint=otlp_receiver.endpoint
+    )
+    spec = write_function(tmp_path, "ortcnn", ORT_CNN)
+    spec["models"] = [{"name": "cnn-onnx", "alias": "model"}]
+    spec["env"] = {"TMPDIR": str(worker_tmp)}
+    await gw.deploy(spec)
+
+    status, headers, body = await gw.invoke(
+        "ortcnn", headers={**bearer(TRACER), "trims-trace-level": "layer"}
+    )
+    assert status == 200, body
+    assert "trims-trace-unavailable" not in headers and "trims-trace-error" not in headers
+    trace_id = headers["trims-trace-id"]
+    status, _, doc = await get(gw, f"/v1/traces/{trace_id}")
+    assert status == 200, doc
+    assert (doc["level"], doc["unavailable"], doc["error"]) == ("layer", {}, None)
+    trace = Trace.from_dict(doc)
+    convs = [s for s in trace.spans if s.attributes.get("op_type") == "Conv"]
+    assert len(convs) == 1, [(s.name, s.attributes.get("op_type")) for s in trace.spans]
+    path = chain(trace, convs[0])
+    assert [(s.name, s.level) for s in path] == [
+        ("gateway request", Level.SERVICE),
+        ("invoke ortcnn", Level.SERVICE),
+        ("worker ortcnn", Level.SERVICE),
+        ("handler ortcnn", Level.MODEL),
+        (convs[0].name, Level.LAYER),
+    ]
+    assert path[-1].track[0] == path[-2].track[0], "the node ran in the worker process"
+    ops = {s.attributes.get("op_type") for s in trace.spans if s.level is Level.LAYER}
+    assert {"Conv", "Gemm", "MatMul"} <= ops, ops
+    (setup,) = [s for s in trace.spans if s.name == "profiled session cnn-onnx"]
+    assert chain(trace, setup)[-2].name == "handler ortcnn"
+
+    exported = await otlp_receiver.await_for(trace_id, count=len(trace.spans))
+    exported_convs = [s for s in exported.spans if s.attributes.get("op_type") == "Conv"]
+    assert [s.name for s in chain(exported, exported_convs[0])] == [s.name for s in path]
+
+    status, untraced, plain = await gw.invoke("ortcnn", headers=bearer(TRACER))
+    assert (status, plain) == (200, body), "the same answer, traced or not"
+    assert trace_headers(untraced) == {}
+    status, _, probe = await gw.invoke("ortcnn", headers={**bearer(TRACER), "x-probe": "1"})
+    assert json.loads(probe) == {"tmp": str(worker_tmp), "profiling": ""}, (
+        "the worker's temp dir is the test's, and its session itself never profiled"
+    )
+    assert list(worker_tmp.iterdir()) == [], "no profile left in the worker's temp dir"
+
+
+async def test_a_session_the_handler_builds_itself_is_named_as_the_reason(
+    start_gateway: Callable[..., Awaitable[RunningGateway]], tmp_path: Path
+) -> None:
+    pytest.importorskip("onnx")
+    gw = await start_gateway(tokens=TOKENS)
+    await gw.deploy(write_function(tmp_path, "ownort", OWN_ORT))
+    status, headers, body = await gw.invoke(
+        "ownort", headers={**bearer(TRACER), "trims-trace-level": "layer"}
+    )
+    assert (status, json.loads(body)) == (200, {"y": [0.0, 2.0]})
+    unavailable = headers["trims-trace-unavailable"]
+    assert re.search(r"layer=[^;]*InferenceSession[^;]*onnx_session\(\)", unavailable), unavailable
+    status, _, doc = await get(gw, f"/v1/traces/{headers['trims-trace-id']}")
+    assert {s["level"] for s in doc["spans"]} == {"service", "model"}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from trims.runtime.executors.base import Instance
@@ -85,3 +88,63 @@ def test_without_a_framework_layers_are_unavailable_with_the_reason(
     out = trace.finish()
     assert set(out["unavailable"]) == {"layer", "library", "kernel"}
     assert "torch" in out["unavailable"]["layer"]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_trims_onnx_runtime_session_gives_the_layer_spans_under_the_model_span(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, is_async: bool
+) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from trims.runtime.direct import DirectModel
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(small_cnn(), str(path))
+    session = DirectModel("cnn", path).onnx_session()
+    monkeypatch.delitem(tracing.sys.modules, "torch", raising=False)
+    x = np.ones((1, 3, 16, 16), np.float32)
+
+    def predict() -> Any:
+        return session.run(None, {"x": x})[0]
+
+    async def predict_async() -> Any:
+        return predict()
+
+    trace = RequestTrace("layer", "fn", "fn-1")
+    if is_async:
+        y = asyncio.run(trace.wrap(predict_async, True, "handler fn")())
+    else:
+        y = trace.wrap(predict, False, "handler fn")()
+    assert y.tobytes() == predict().tobytes()
+    out = trace.finish()
+    assert "unavailable" not in out and "error" not in out, out
+    spans = [Span.from_dict(d) for d in out["spans"]]
+    worker, handler, setup, *layers = spans
+    assert (handler.name, handler.level, handler.parent_id) == (
+        "handler fn",
+        Level.MODEL,
+        worker.span_id,
+    )
+    assert (setup.name, setup.level) == ("profiled session cnn", Level.MODEL)
+    assert layers and all(s.level is Level.LAYER and handler.contains(s) for s in layers)
+    assert {s.track[0] for s in spans} == {f"worker {os.getpid()}"}
+
+
+def test_an_onnx_runtime_session_built_by_hand_is_named_as_why_layers_are_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from tests.runtime.adapters.test_onnxruntime import small_cnn
+
+    session = ort.InferenceSession(
+        small_cnn().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    monkeypatch.delitem(tracing.sys.modules, "torch", raising=False)
+    trace = RequestTrace("layer", "fn", "fn-1")
+    x = np.ones((1, 3, 16, 16), np.float32)
+    trace.wrap(lambda: session.run(None, {"x": x}), False, "handler fn")()
+    out = trace.finish()
+    assert "onnx_session()" in out["unavailable"]["layer"]
+    assert [d["level"] for d in out["spans"]] == ["service", "model"]
