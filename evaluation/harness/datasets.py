@@ -193,16 +193,25 @@ def movielens_100k() -> Ratings:
 
 
 def preprocess_image(image: np.ndarray, pre: Preprocessing | None, layout: str | None) -> Any:
-    """One image ([H, W] or [H, W, C], RGB) as a float32 tensor: resize (shorter side,
-    bilinear), center crop, scale, mean/std, color order, then ``layout`` (NCHW: [C, H, W])."""
+    """One image ([H, W] or [H, W, C], RGB) as a float32 tensor: grayscale (color order GRAY),
+    resize (shorter side, bilinear or nearest), center crop, zero pad, scale, mean/std, BGR
+    channel order, then ``layout`` (NCHW: [C, H, W])."""
     x: np.ndarray = np.asarray(image, dtype=np.float32)
     if x.ndim == 2:
         x = x[:, :, None]
     if pre is not None:
+        if pre.color_order == "GRAY":
+            x = _grayscale(x)
         if pre.resize is not None:
-            x = _resize(x, pre.resize)
+            x = (
+                _resize_nearest(x, pre.resize)
+                if pre.resize_mode == "nearest"
+                else _resize(x, pre.resize)
+            )
         if pre.center_crop is not None:
             x = _center_crop(x, pre.center_crop)
+        if pre.pad is not None:
+            x = np.pad(x, ((pre.pad, pre.pad), (pre.pad, pre.pad), (0, 0)))
         if pre.scale is not None:
             x = x * np.float32(pre.scale)
         if pre.mean is not None:
@@ -230,6 +239,27 @@ def _resize(x: np.ndarray, shorter: int) -> np.ndarray:
     top = x[y0][:, x0] * (1 - wx) + x[y0][:, x1] * wx
     bottom = x[y1][:, x0] * (1 - wx) + x[y1][:, x1] * wx
     return np.asarray(top * (1 - wy) + bottom * wy, dtype=np.float32)
+
+
+def _resize_nearest(x: np.ndarray, shorter: int) -> np.ndarray:
+    """Nearest neighbour: output pixel i takes source pixel floor(i * in / out), in integers
+    (torch's ``interpolate(mode="nearest")``; 8 -> 20 repeats pixels 3, 2, 3, 2, ... times)."""
+    h, w = x.shape[:2]
+    scale = shorter / min(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    ys = np.minimum(np.arange(nh) * h // nh, h - 1)
+    xs = np.minimum(np.arange(nw) * w // nw, w - 1)
+    return np.asarray(x[ys][:, xs], dtype=np.float32)
+
+
+def _grayscale(x: np.ndarray) -> np.ndarray:
+    """[H, W, 3] RGB -> [H, W, 1] ITU-R BT.601 luma; a one-channel image is kept as it is."""
+    if x.shape[2] == 1:
+        return x
+    if x.shape[2] != 3:
+        raise ValidationError(f"color_order GRAY needs 1 or 3 channels, got {x.shape[2]}")
+    luma = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.asarray(x @ luma, dtype=np.float32)[:, :, None]
 
 
 def _center_crop(x: np.ndarray, side: int) -> np.ndarray:

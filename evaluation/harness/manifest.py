@@ -20,6 +20,9 @@ by project code, reproducibly by seed: ``torch:<arch>`` for the PyTorch families
 ``prepare:<name>`` for :mod:`trims.evaluation.harness.prepare`, ``example:<dir>`` for
 ``examples/<dir>/prepare.py`` of a source checkout). ``url`` and ``path`` need a
 sha256; a builder's output has none to pin, because it depends on the framework's version.
+A pretrained state dict (format torch or safetensors) names the module its weights fill in
+``model.module`` (``prepare:<name>``): the module is built empty by project code and the
+weights come through the project's loading path (``open_model(...).torch_module(build)``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "Preprocessing",
     "Source",
     "Tokenization",
+    "file_sha256",
     "installed_version",
     "load_manifest",
     "manifest_schema",
@@ -82,6 +86,7 @@ FRAMEWORK_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _SHA256_RE = r"^[0-9a-f]{64}$"
 _BUILDER_RE = r"^(torch|prepare|example):[A-Za-z0-9][A-Za-z0-9._-]*$"
+_MODULE_RE = r"^prepare:[A-Za-z0-9][A-Za-z0-9._-]*$"
 _PACKAGE = "package:"
 _CHUNK = 1 << 20
 
@@ -150,6 +155,14 @@ class ModelSpec(_Strict):
         min_length=1, description="the files that make up the model; at least one"
     )
     format: ModelFormat
+    module: str | None = Field(
+        default=None,
+        pattern=_MODULE_RE,
+        description=(
+            "a state dict's torch module: prepare:<name> (harness.prepare.MODULES), "
+            "built empty and filled with the source's weights (Model.torch_module)"
+        ),
+    )
     weights: Weights = Field(
         description=(
             "pretrained: published trained weights; trained-here: trained by prepare, by seed; "
@@ -157,6 +170,14 @@ class ModelSpec(_Strict):
             "(performance only, never reported with an accuracy)"
         )
     )
+
+    @model_validator(mode="after")
+    def _module_needs_a_state_dict(self) -> ModelSpec:
+        if self.module is not None and self.format not in ("torch", "safetensors"):
+            raise ValueError(
+                f"module applies to torch and safetensors state dicts, not {self.format}; remove it"
+            )
+        return self
 
 
 class Tokenization(_Strict):
@@ -171,13 +192,29 @@ class Preprocessing(_Strict):
     """How a raw sample becomes the input tensor; image steps run in this order."""
 
     resize: int | None = Field(default=None, ge=1, description="shorter side, pixels")
+    resize_mode: Literal["bilinear", "nearest"] = Field(
+        default="bilinear",
+        description=(
+            "bilinear (pixel centres), or nearest: source pixel floor(i * in / out), as "
+            "torch's interpolate(mode='nearest')"
+        ),
+    )
     center_crop: int | None = Field(default=None, ge=1, description="square side, pixels")
+    pad: int | None = Field(
+        default=None, ge=1, description="zero pixels added on each side, after resize and crop"
+    )
     scale: float | None = Field(
         default=None, gt=0, description="multiply pixel values first, e.g. 1/255"
     )
     mean: list[float] | None = Field(default=None, description="per channel, subtracted")
     std: list[float] | None = Field(default=None, description="per channel, divided by")
-    color_order: Literal["RGB", "BGR"] | None = None
+    color_order: Literal["RGB", "BGR", "GRAY"] | None = Field(
+        default=None,
+        description=(
+            "BGR: swap the channels last; GRAY: one channel (RGB to ITU-R BT.601 luma, done "
+            "first, so mean and std have one value)"
+        ),
+    )
     tokenization: Tokenization | None = None
 
     @model_validator(mode="after")
@@ -323,7 +360,7 @@ class Manifest(_Strict):
                 continue
             field = f"model.sources[{i}].path"
             path = resolve_path(source.path, self.base_dir, field=f"{self._where()}{field}")
-            actual = _sha256(path)
+            actual = file_sha256(path)
             if actual != source.sha256:
                 raise CorruptModel(
                     f"{self._where()}{field}: {path} has sha256 {actual}, the manifest expects "
@@ -502,7 +539,8 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, hex, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):

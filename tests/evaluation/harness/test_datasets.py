@@ -122,3 +122,41 @@ def test_als_onnx_matches_its_numpy_reference(tmp_path: Path) -> None:
     (scores,) = session.run(["scores"], {"user": users})
     ours = accuracy.precision_at_k(accuracy.top_k(scores, 10), [s.label for s in samples], 10)
     assert ours == pytest.approx(m.accuracy.reference, abs=0.005)
+
+
+def test_nearest_resize_zero_pad_and_grayscale() -> None:
+    image = np.arange(64, dtype=np.float32).reshape(8, 8)
+    pre = Preprocessing(resize=20, resize_mode="nearest", pad=4)
+    out = datasets.preprocess_image(image, pre, "NCHW")
+    assert out.shape == (1, 28, 28)
+    # output pixel i takes source pixel floor(i * 8 / 20): each source row 3, 2, 3, 2... times
+    rows = [int(i * 8 // 20) for i in range(20)]
+    assert np.array_equal(out[0, 4:24, 4:24], image[rows][:, rows])
+    assert np.array_equal(out[0, 4:24, 4], image[rows, 0])
+    border = np.ones((28, 28), dtype=bool)
+    border[4:24, 4:24] = False
+    assert (out[0][border] == 0).all()
+    # padding comes before scale and mean/std, so the border is normalized background
+    norm = datasets.preprocess_image(image, Preprocessing(pad=1, mean=[0.5], std=[2.0]), None)
+    assert norm[0, 0, 0] == pytest.approx(-0.25) and norm[1, 1, 0] == pytest.approx(-0.25)
+    rgb = np.stack([np.full((2, 2), 100.0), np.zeros((2, 2)), np.zeros((2, 2))], axis=-1)
+    gray = datasets.preprocess_image(rgb, Preprocessing(color_order="GRAY"), "NCHW")
+    assert gray.shape == (1, 2, 2) and np.allclose(gray, 29.9)
+    one = datasets.preprocess_image(image, Preprocessing(color_order="GRAY"), None)
+    assert np.array_equal(one[:, :, 0], image)
+    with pytest.raises(ValidationError, match="GRAY needs 1 or 3 channels"):
+        datasets.preprocess_image(np.zeros((2, 2, 4)), Preprocessing(color_order="GRAY"), None)
+
+
+def test_nearest_resize_matches_torch_interpolate() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    images, _ = datasets.digits("test")
+    ours = np.stack(
+        [datasets.preprocess_image(i, Preprocessing(resize=20, resize_mode="nearest"), "NCHW")
+         for i in images[:32]]
+    )  # fmt: skip
+    theirs = F.interpolate(torch.from_numpy(images[:32]).float()[:, None], size=(20, 20),
+                           mode="nearest").numpy()  # fmt: skip
+    assert np.array_equal(ours, theirs)

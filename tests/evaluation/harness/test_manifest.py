@@ -226,3 +226,32 @@ def test_shipped_set_covers_the_projects_models() -> None:
     als = by_name["als-ml100k"].accuracy
     assert als is not None and (als.metric, als.k) == ("precision_at_k", 10)
     assert isinstance(digits, Manifest)
+
+
+def test_module_goes_with_a_state_dict_only(tmp_path: Path) -> None:
+    onnx_with_module = variant(model__module="prepare:mnist-cnn")
+    with pytest.raises(ValidationError, match=r"model: module applies to torch and safetensors"):
+        load_manifest(write(tmp_path, onnx_with_module))
+    not_prepare = variant(model__format="torch", model__module="ccexam.models:MNISTNet")
+    with pytest.raises(ValidationError, match=r"m\.yaml: model\.module: .*pattern"):
+        load_manifest(write(tmp_path, not_prepare))
+    ok = load_manifest(write(tmp_path, variant(model__format="torch",
+                                               model__module="prepare:mnist-cnn")))  # fmt: skip
+    assert ok.model.module == "prepare:mnist-cnn"
+
+
+def test_image_steps_pad_resize_mode_and_grayscale_are_checked(tmp_path: Path) -> None:
+    pre = {"resize": 20, "resize_mode": "nearest", "pad": 4, "color_order": "GRAY"}
+    m = load_manifest(write(tmp_path, variant(inputs__0__preprocessing=pre)))
+    got = m.inputs[0].preprocessing
+    assert got is not None and (got.resize_mode, got.pad, got.color_order) == ("nearest", 4, "GRAY")
+    default = load_manifest(write(tmp_path, variant(inputs__0__preprocessing={"resize": 8})))
+    assert default.inputs[0].preprocessing is not None
+    assert default.inputs[0].preprocessing.resize_mode == "bilinear"
+    bad = {"resize_mode": "cubic", "pad": 0}
+    with pytest.raises(ValidationError) as e:
+        load_manifest(write(tmp_path, variant(inputs__0__preprocessing=bad)))
+    assert sorted(e.value.details["fields"]) == [
+        "inputs[0].preprocessing.pad",
+        "inputs[0].preprocessing.resize_mode",
+    ]
