@@ -8,13 +8,16 @@ every setting (level, framework, runs, batch, threads) before any model loads, a
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from trims.errors import ValidationError
 from trims.evaluation.analyses import Report
 from trims.evaluation.measure import MeasureSettings
 from trims.evaluation.tracing import analyses, workload
 from trims.evaluation.tracing.leveled import LeveledResult, TraceSettings, measure_levels
+from trims.evaluation.tracing.models import resolve_model
 from trims.tracing.levels import Level, parse_level
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,7 @@ def make_request(
     if not isinstance(model, str) or not model.strip():
         raise ValidationError(
             "model: name a zoo model, a torch:<arch> family model, "
-            f"{workload.EXAMPLE} or an .onnx path"
+            f"{workload.EXAMPLE}, an .onnx path or an evaluation manifest (name or .yaml path)"
         )
     fw = workload.parse_framework(framework)
     depth = parse_level(level)
@@ -111,20 +114,21 @@ def trace(
 ) -> tuple[LeveledResult, Report]:
     """Run the leveled measurement and build its report (``mxnet_python``: see
     :func:`trims.evaluation.tracing.workload.load`)."""
-    w = workload.load(
-        request.model,
-        request.framework,
-        batch=request.batch,
-        threads=request.threads,
-        mxnet_python=mxnet_python,
-    )
-    try:
-        result = measure_levels(w, request.settings(process))
+    with tempfile.TemporaryDirectory(prefix="trims-trace-") as work:
+        w = workload.load(
+            resolve_model(request.model, Path(work)),
+            request.framework,
+            batch=request.batch,
+            threads=request.threads,
+            mxnet_python=mxnet_python,
+        )
         try:
-            ir = w.ir()
-        except ValidationError as e:
-            log.warning("model %s: no layer IR, so no FLOPs in the layer table (%s)", w.name, e)
-            ir = None
-        return result, analyses.report(result, ir)
-    finally:
-        w.close()
+            result = measure_levels(w, request.settings(process))
+            try:
+                ir = w.ir()
+            except ValidationError as e:
+                log.warning("model %s: no layer IR, so no FLOPs in the layer table (%s)", w.name, e)
+                ir = None
+            return result, analyses.report(result, ir)
+        finally:
+            w.close()

@@ -118,6 +118,41 @@ def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_manifest_names_the_model(tmp_path: Path) -> None:
+    """A shipped manifest's name traces the model it describes (its prepare: builder's ONNX)."""
+    out = tmp_path / "t.json"
+    done = trims(
+        "digits-mlp",
+        "--framework",
+        "onnxruntime",
+        "--level",
+        "layer",
+        "--runs",
+        "5",
+        "--quick",
+        "--json",
+        str(out),
+        "--no-store",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    body = json.loads(out.read_text())
+    assert body["model"] == "digits-mlp" and body["framework"] == "onnxruntime"
+    assert {layer["op_type"] for layer in body["layers"]} >= {"Gemm"}
+
+
+def test_a_manifest_trace_cannot_run_is_refused_with_the_reason(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        (
+            Path(__file__).parents[3] / "evaluation" / "manifests" / "mnist-cnn-torch.yaml"
+        ).read_text()
+    )
+    done = trims(str(manifest), "--no-store", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "trims trace runs ONNX files" in done.stderr
+
+
 def test_otlp_endpoint_receives_the_trace(
     residual_path: Path, tmp_path: Path, otlp_receiver: OtlpReceiver
 ) -> None:
