@@ -108,7 +108,7 @@ async def get_invocation(request: web.Request) -> web.Response:
     auth = auth_of(request)
     auth.require_any(request)
     record = gateway.invocations.get(request.match_info["id"])
-    auth.require_invoke(request, (record.function,))
+    auth.require_invoke(request, record.invokes)
     return json_response(record.to_dict())
 
 

@@ -1,13 +1,31 @@
-"""``/v1/pipelines``: create, update, list, get, delete and invoke pipelines of functions."""
+"""``/v1/pipelines``: create, update, list, get, delete and invoke pipelines of functions.
+
+``POST /v1/pipelines/{name}/invoke`` answers the pipeline's output with a ``Server-Timing``
+header (each step's time and the total, see :mod:`trims.runtime.gateway.pipelines`);
+``?outputs=true`` or the header ``trims-pipeline-outputs: true`` asks for the JSON envelope of
+every step's output instead; ``?async=true`` or ``Prefer: respond-async`` runs it as an
+asynchronous invocation (202, then ``GET /v1/invocations/{id}``, whose result carries
+``server_timing``). Each run is counted and its steps' times observed in the gateway metrics.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from trims.errors import AlreadyExists, ValidationError
+from trims.errors import AlreadyExists, TrimsError, ValidationError
 from trims.runtime.gateway.api_functions import outcome_response
 from trims.runtime.gateway.context import auth_of, gateway_of, json_response, read_body, read_json
-from trims.runtime.gateway.pipelines import parse_pipeline
+from trims.runtime.gateway.invocations import Outcome
+from trims.runtime.gateway.pipelines import (
+    OUTPUTS_HEADER,
+    TOTAL_METRIC,
+    PipelineSpec,
+    execute_pipeline,
+    parse_pipeline,
+)
+from trims.runtime.gateway.service import Gateway
+
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
 
 
 async def list_pipelines(request: web.Request) -> web.Response:
@@ -60,9 +78,64 @@ async def invoke_pipeline(request: web.Request) -> web.Response:
     spec = gateway.pipeline(request.match_info["name"])
     auth_of(request).require_invoke(request, spec.functions)
     first = gateway.pool(spec.steps[0].function)
+    outputs = _flag(request, "outputs", request.headers.get(OUTPUTS_HEADER))
+    wants_async = _flag(request, "async", None) or "respond-async" in request.headers.get(
+        "Prefer", ""
+    )
     body = await read_body(request, first.spec.scaling.max_body_bytes)
     content_type = request.headers.get("Content-Type", "application/octet-stream")
-    return outcome_response(await gateway.run_pipeline(spec.name, body, content_type))
+    if wants_async:
+
+        async def work() -> Outcome:
+            return await run_timed(gateway, spec, body, content_type, outputs=outputs)
+
+        record = gateway.invocations.submit(
+            spec.steps[0].function, work, pipeline=spec.name, functions=spec.functions
+        )
+        location = f"/v1/invocations/{record.id}"
+        return json_response(
+            {"id": record.id, "pipeline": spec.name, "state": record.state, "status_url": location},
+            202,
+            {"Location": location},
+        )
+    return outcome_response(await run_timed(gateway, spec, body, content_type, outputs=outputs))
+
+
+async def run_timed(
+    gateway: Gateway, spec: PipelineSpec, body: bytes, content_type: str, *, outputs: bool
+) -> Outcome:
+    """Run the pipeline, record its metrics; its answer, or the outputs envelope."""
+    metrics = gateway.metrics
+
+    async def call(function: str, step_body: bytes, step_type: str) -> Outcome:
+        return await gateway.invoke(function, step_body, {"Content-Type": step_type})
+
+    status = "error"
+    try:
+        run = await execute_pipeline(spec, body, content_type, call)
+        status = str(run.outcome.status)
+    except TrimsError as e:
+        status = str(e.http_status)
+        raise
+    finally:
+        metrics.pipeline_invocations.labels(spec.name, status).inc()
+    for stage in run.stages:
+        metrics.pipeline_stage.labels(spec.name, stage.step).observe(stage.duration_s)
+    metrics.pipeline_stage.labels(spec.name, TOTAL_METRIC).observe(run.total_s)
+    if outputs:
+        return run.envelope(gateway.settings.max_body_bytes)
+    return run.outcome
+
+
+def _flag(request: web.Request, name: str, header: str | None) -> bool:
+    """A ``true``/``false`` query parameter ``name`` (else the header's value); default false."""
+    value = request.query.get(name, header)
+    if value is None:
+        return False
+    value = value.strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValidationError(f"{name}: use true or false, got {value!r}", field=name)
+    return value in _TRUE
 
 
 def add_routes(app: web.Application) -> None:

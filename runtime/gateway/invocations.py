@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from trims.errors import NotFound, QueueFull, TrimsError
 
 log = logging.getLogger(__name__)
@@ -24,11 +26,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a finished invocation answered."""
+    """What a finished invocation answered.
+
+    Note [case-insensitive headers]: workers send header names lower-cased (``content-type``)
+    while the gateway and handlers write ``Content-Type``; ``headers`` is therefore always a
+    read-only :class:`multidict.CIMultiDictProxy`, whatever mapping it was built from, so every
+    lookup (a pipeline passing a step's content type on, an async result record) finds it.
+    """
 
     status: int
     headers: Mapping[str, str]
     body: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.headers, CIMultiDictProxy):
+            object.__setattr__(self, "headers", CIMultiDictProxy(CIMultiDict(self.headers)))
 
 
 @dataclass(eq=False)
@@ -36,9 +48,19 @@ class Invocation:
     id: str
     function: str
     created: float = field(default_factory=time.time)
+    #: The pipeline this invocation runs (``function`` is then its first step's function).
+    pipeline: str | None = None
+    #: Every function the invocation calls, which a caller reading it must be allowed to
+    #: invoke; empty = just ``function``.
+    functions: tuple[str, ...] = ()
     finished: float | None = None
     outcome: Outcome | None = None
     error: TrimsError | None = None
+
+    @property
+    def invokes(self) -> tuple[str, ...]:
+        """The functions whose invoke scope reading this record needs."""
+        return self.functions or (self.function,)
 
     @property
     def state(self) -> str:
@@ -50,6 +72,7 @@ class Invocation:
         out: dict[str, Any] = {
             "id": self.id,
             "function": self.function,
+            **({"pipeline": self.pipeline} if self.pipeline is not None else {}),
             "state": self.state,
             "created": self.created,
             "finished": self.finished,
@@ -69,6 +92,9 @@ def _result_dict(outcome: Outcome) -> dict[str, Any]:
     traced = {k: v for k, v in outcome.headers.items() if k.startswith("trims-trace-")}
     if traced:
         result["trace"] = traced
+    timing = outcome.headers.get("Server-Timing")
+    if timing is not None:
+        result["server_timing"] = timing
     try:
         result["body"] = outcome.body.decode("utf-8")
         result["encoding"] = "utf-8"
@@ -85,14 +111,23 @@ class Invocations:
         self._records: OrderedDict[str, Invocation] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def submit(self, function: str, work: Callable[[], Awaitable[Outcome]]) -> Invocation:
+    def submit(
+        self,
+        function: str,
+        work: Callable[[], Awaitable[Outcome]],
+        *,
+        pipeline: str | None = None,
+        functions: tuple[str, ...] = (),
+    ) -> Invocation:
         self._expire()
         if len(self._records) >= self._capacity and not self._drop_oldest_finished():
             raise QueueFull(
                 f"{self._capacity} asynchronous invocations are still running; retry later",
                 retry_after_s=5,
             )
-        record = Invocation(id=uuid.uuid4().hex, function=function)
+        record = Invocation(
+            id=uuid.uuid4().hex, function=function, pipeline=pipeline, functions=functions
+        )
         self._records[record.id] = record
         task = asyncio.create_task(self._run(record, work), name=f"trims-invocation-{record.id}")
         self._tasks.add(task)

@@ -95,6 +95,20 @@ class GatewayMetrics:
             ["function"],
             registry=r,
         )
+        self.pipeline_stage = Histogram(
+            "trims_pipeline_stage_seconds",
+            "Time one step of a pipeline took (its function call as the gateway saw it: queue, "
+            "cold start, answer); stage 'total' is the whole run",
+            ["pipeline", "stage"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.pipeline_invocations = Counter(
+            "trims_pipeline_invocations",
+            "Pipeline runs by pipeline and HTTP status",
+            ["pipeline", "status"],
+            registry=r,
+        )
         r.register(_InstancesCollector(instance_counts))
 
     def render(self) -> bytes:

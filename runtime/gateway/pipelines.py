@@ -14,23 +14,40 @@ step names to its response (parsed JSON when it was JSON, else text). The pipeli
 its one sink step's response, or with a JSON object of every sink's response when there are
 several. Steps run as soon as their inputs are ready, so independent branches run at once; the
 whole run is one span with a child span per step.
+
+Every run is timed per step (:class:`PipelineRun`): the answer carries a ``Server-Timing``
+header (W3C Server Timing: ``decode;dur=1.204, classify;dur=3.917, total;dur=5.310``, in
+milliseconds, steps in spec order, ``total`` the whole run) and, when the caller asks for them
+(:data:`OUTPUTS_HEADER`), a JSON envelope of every step's output (:meth:`PipelineRun.envelope`).
+A step's time is what its function call took as the gateway saw it: queueing for an instance,
+a cold start if one was needed, and the instance's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from multidict import CIMultiDict
 from opentelemetry import trace
 
 from trims.errors import TrimsError, UpstreamError, ValidationError
 from trims.runtime.gateway.invocations import Outcome
 
 tracer = trace.get_tracer(__name__)
+
+#: Request header (``true``/``false``) asking for every step's output; ``?outputs=true`` too.
+OUTPUTS_HEADER = "trims-pipeline-outputs"
+#: The Server-Timing metric of the whole run.
+TOTAL_METRIC = "total"
+#: Content type of the per-step outputs envelope.
+ENVELOPE_TYPE = "application/vnd.trims.pipeline-outputs+json"
 
 #: Pipeline and step names; applied with fullmatch (see Note [full-string names] in spec.py).
 NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -168,18 +185,126 @@ def _topological(steps: Mapping[str, Step]) -> tuple[Step, ...]:
     return tuple(order)
 
 
+@dataclass(frozen=True)
+class StageResult:
+    """One step of a finished run: what its function answered and how long the call took."""
+
+    step: str
+    function: str
+    duration_s: float
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """A finished run: the pipeline's answer (with ``Server-Timing``) and every step's result,
+    in spec order."""
+
+    pipeline: str
+    outcome: Outcome
+    stages: tuple[StageResult, ...]
+    total_s: float
+
+    def server_timing(self) -> str:
+        """The ``Server-Timing`` value: each step's duration, then ``total``, in ms."""
+        return server_timing(
+            [(s.step, s.duration_s) for s in self.stages] + [(TOTAL_METRIC, self.total_s)]
+        )
+
+    def envelope(self, limit: int) -> Outcome:
+        """Every step's output and the final one as one JSON object (``ENVELOPE_TYPE``)::
+
+            {"pipeline": "digits", "total_ms": 5.3,
+             "output": {"status": 200, "content_type": "...", "encoding": "utf-8", "body": "..."},
+             "stages": [{"step": "decode", "function": "digits-decode", "duration_ms": 1.2,
+                         "status": 200, "content_type": "application/x-npy",
+                         "encoding": "base64", "body": "k05VTVBZ..."}, ...]}
+
+        Bodies are text when they are UTF-8, else base64 (``encoding`` says which). At most
+        ``limit`` body bytes are included (the gateway's ``max_body_bytes``): a step output
+        that would pass it is left out, with ``omitted`` saying why; the final output comes
+        first so it is always there unless it alone is too large.
+        """
+        budget = limit
+        final, budget = _body_entry(self.outcome, budget, limit)
+        stages = []
+        for stage in self.stages:
+            entry, budget = _body_entry(stage.outcome, budget, limit)
+            stages.append(
+                {
+                    "step": stage.step,
+                    "function": stage.function,
+                    "duration_ms": round(stage.duration_s * 1000, 3),
+                    **entry,
+                }
+            )
+        doc = {
+            "pipeline": self.pipeline,
+            "total_ms": round(self.total_s * 1000, 3),
+            "output": final,
+            "stages": stages,
+        }
+        headers = {"Content-Type": ENVELOPE_TYPE, "Server-Timing": self.server_timing()}
+        return Outcome(self.outcome.status, headers, json.dumps(doc).encode())
+
+
+def _body_entry(outcome: Outcome, budget: int, limit: int) -> tuple[dict[str, Any], int]:
+    entry: dict[str, Any] = {
+        "status": outcome.status,
+        "content_type": outcome.headers.get("Content-Type", "application/octet-stream"),
+    }
+    size = len(outcome.body)
+    if size > budget:
+        entry["omitted"] = (
+            f"{size} bytes would pass the gateway's {limit}-byte limit on the outputs "
+            "(max_body_bytes); invoke the step's function alone to see it"
+        )
+        return entry, budget
+    try:
+        entry["body"] = outcome.body.decode("utf-8")
+        entry["encoding"] = "utf-8"
+    except UnicodeDecodeError:
+        entry["body"] = base64.b64encode(outcome.body).decode()
+        entry["encoding"] = "base64"
+    return entry, budget - size
+
+
+_NOT_TOKEN = re.compile(r"[^!#$%&'*+\-.^_`|~0-9A-Za-z]")
+
+
+def server_timing(entries: list[tuple[str, float]]) -> str:
+    """``name;dur=ms, ...`` with names made RFC 7230 tokens; a step that would clash with the
+    ``total`` metric is reported as ``step-total``."""
+    out = []
+    for i, (name, seconds) in enumerate(entries):
+        token = _NOT_TOKEN.sub("-", name) or "step"
+        if token == TOTAL_METRIC and i < len(entries) - 1:
+            token = f"step-{token}"
+        out.append(f"{token};dur={seconds * 1000:.3f}")
+    return ", ".join(out)
+
+
 async def run_pipeline(
     spec: PipelineSpec, body: bytes, content_type: str, call: CallFunction
 ) -> Outcome:
-    """Run every step once its inputs are ready; the sinks' answers make the result."""
+    """Run every step once its inputs are ready; the sinks' answers make the result (with the
+    run's ``Server-Timing``)."""
+    return (await execute_pipeline(spec, body, content_type, call)).outcome
+
+
+async def execute_pipeline(
+    spec: PipelineSpec, body: bytes, content_type: str, call: CallFunction
+) -> PipelineRun:
+    """:func:`run_pipeline` keeping each step's answer and time."""
+    started = time.perf_counter()
     with tracer.start_as_current_span(f"pipeline {spec.name}", attributes={"pipeline": spec.name}):
-        done: dict[str, asyncio.Future[Outcome]] = {
+        done: dict[str, asyncio.Future[StageResult]] = {
             s.name: asyncio.get_running_loop().create_future() for s in spec.steps
         }
 
         async def run_step(step: Step) -> None:
             try:
-                inputs = [await done[dep] for dep in step.after]
+                inputs = [(await done[dep]).outcome for dep in step.after]
                 if not step.after:
                     step_body, step_type = body, content_type
                 elif len(inputs) == 1:
@@ -191,8 +316,10 @@ async def run_pipeline(
                 with tracer.start_as_current_span(
                     f"step {step.name}", attributes={"step": step.name, "function": step.function}
                 ):
+                    step_started = time.perf_counter()
                     outcome = await _call_step(spec, step, step_body, step_type, call)
-                done[step.name].set_result(outcome)
+                    took = time.perf_counter() - step_started
+                done[step.name].set_result(StageResult(step.name, step.function, took, outcome))
             except BaseException as e:
                 if not done[step.name].done():
                     done[step.name].set_exception(e)
@@ -209,11 +336,19 @@ async def run_pipeline(
                 if fut.done() and not fut.cancelled():
                     fut.exception()
             raise
+        stages = tuple(done[s.name].result() for s in spec.steps)
         sinks = spec.sinks
         if len(sinks) == 1:
-            return done[sinks[0]].result()
-        joined = {name: _as_json(done[name].result()) for name in sinks}
-        return Outcome(200, {"Content-Type": "application/json"}, json.dumps(joined).encode())
+            final = done[sinks[0]].result().outcome
+        else:
+            joined = {name: _as_json(done[name].result().outcome) for name in sinks}
+            final = Outcome(200, {"Content-Type": "application/json"}, json.dumps(joined).encode())
+    total = time.perf_counter() - started
+    headers = CIMultiDict(final.headers)
+    headers["Server-Timing"] = server_timing(
+        [(s.step, s.duration_s) for s in stages] + [(TOTAL_METRIC, total)]
+    )
+    return PipelineRun(spec.name, Outcome(final.status, headers, final.body), stages, total)
 
 
 async def _call_step(

@@ -1,0 +1,248 @@
+"""The ``pipeline`` system under test: a pipeline of functions on a gateway, end to end.
+
+:class:`PipelineSUT` sends each sample (a request body: bytes, or str sent as UTF-8) to
+``POST /v1/pipelines/{name}/invoke`` and answers the pipeline's final output (parsed JSON for a
+JSON answer, else the bytes). The gateway times every step of every run and says so in the
+``Server-Timing`` header (``decode;dur=1.204, classify;dur=3.917, total;dur=5.310``); the SUT
+keeps those figures per query, and :meth:`PipelineSUT.stage_latencies` hands them to
+:func:`trims.evaluation.harness.run.run_scenario`, which reports p50/p90/p99 per stage next to
+LoadGen's end-to-end latencies (``ScenarioRun.stage_latency_ms``).
+
+Requests go through one aiohttp session (a persistent pool of ``connections`` connections) on
+a private event loop thread, as :class:`~trims.evaluation.harness.sut.GatewaySUT` does, so
+LoadGen's threads may call ``predict`` at once; a batch is sent as concurrent requests.
+:meth:`PipelineSUT.deploy` deploys the functions and the pipeline (e.g. the specs of
+``examples/pipelines/digits``, read by :func:`example_specs`) and :meth:`close` removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trims.errors import TrimsError, Unavailable, ValidationError, error_from_dict
+
+__all__ = ["PipelineSUT", "example_specs", "parse_server_timing"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    """A ``Server-Timing`` value -> metric name -> duration in ms (metrics without ``dur`` are
+    left out; a repeated name keeps its first figure)."""
+    found: dict[str, float] = {}
+    for metric in value.split(","):
+        name, *params = (p.strip() for p in metric.split(";"))
+        for param in params:
+            key, _, raw = param.partition("=")
+            if key.strip().lower() != "dur" or not name or name in found:
+                continue
+            try:
+                found[name] = float(raw.strip().strip('"'))
+            except ValueError:
+                continue
+    return found
+
+
+def example_specs(folder: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The function specs (every ``*.yaml`` spec file) and the pipeline spec
+    (``pipeline.json``) of a pipeline example folder, such as ``examples/pipelines/digits``;
+    relative code and model paths are resolved against the folder."""
+    from trims.runtime.functions.spec import load_spec_file
+
+    root = Path(folder)
+    pipeline_file = root / "pipeline.json"
+    try:
+        pipeline = json.loads(pipeline_file.read_text())
+    except OSError as e:
+        raise ValidationError(f"cannot read pipeline spec {pipeline_file}: {e.strerror}") from e
+    except ValueError as e:
+        raise ValidationError(f"{pipeline_file}: not valid JSON: {e}") from e
+    functions = [load_spec_file(p).to_dict() for p in sorted(root.glob("*.yaml"))]
+    if not functions:
+        raise ValidationError(f"{root}: no function spec (*.yaml) next to pipeline.json")
+    return functions, pipeline
+
+
+class PipelineSUT:
+    """A pipeline on a running gateway, invoked over HTTP, timed per stage.
+
+    ``content_type``: sent with every sample; ``outputs``: ask for the per-stage outputs
+    envelope (then each answer is that JSON object, see the gateway's pipelines docs).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        pipeline: str,
+        *,
+        token: str | None = None,
+        content_type: str = "application/octet-stream",
+        outputs: bool = False,
+        connections: int = 8,
+        timeout_s: float = 120.0,
+    ) -> None:
+        import aiohttp
+
+        self.name = pipeline
+        self.url = url.rstrip("/")
+        self.content_type = content_type
+        self._query = "?outputs=true" if outputs else ""
+        self._deployed: tuple[str, ...] = ()
+        self._timings: list[dict[str, float]] = []
+        self._lock = threading.Lock()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"pipeline-sut-{pipeline}", daemon=True
+        )
+        self._thread.start()
+
+        async def make_session() -> aiohttp.ClientSession:
+            return aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=connections),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers=headers,
+            )
+
+        try:
+            self._session = self._call(make_session())
+        except BaseException:
+            self._stop_loop()
+            raise
+        try:
+            self._call(self._json("GET", f"/v1/pipelines/{pipeline}"))
+        except BaseException:
+            self._shutdown()
+            raise
+
+    @classmethod
+    def deploy(
+        cls,
+        url: str,
+        functions: Sequence[Mapping[str, Any]],
+        pipeline: Mapping[str, Any],
+        **options: Any,
+    ) -> PipelineSUT:
+        """Deploy ``functions`` (each PUT, replacing one of the same name) and ``pipeline``;
+        :meth:`close` removes them again. ``options`` as for the constructor (``token`` must
+        be an admin's)."""
+        import urllib.error
+        import urllib.request
+
+        name = pipeline.get("name")
+        if not isinstance(name, str):
+            raise ValidationError("a pipeline system under test needs a pipeline spec with a name")
+        token = options.get("token")
+        headers = {
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        }
+        base = url.rstrip("/")
+        puts = [(f"/v1/functions/{f['name']}", f) for f in functions]
+        puts.append((f"/v1/pipelines/{name}", pipeline))
+        for path, doc in puts:
+            request = urllib.request.Request(
+                base + path, data=json.dumps(dict(doc)).encode(), method="PUT", headers=headers
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    response.read()
+            except urllib.error.HTTPError as e:
+                raise _error(e.code, e.read(), f"PUT {path}") from None
+            except urllib.error.URLError as e:
+                raise Unavailable(f"cannot reach the gateway at {url}: {e.reason}") from e
+        log.info(
+            "pipeline %s and its %d functions deployed on %s for a pipeline system under test",
+            name,
+            len(functions),
+            url,
+        )
+        sut = cls(url, name, **options)
+        made = [f"/v1/functions/{f['name']}" for f in functions]
+        sut._deployed = (f"/v1/pipelines/{name}", *made)
+        return sut
+
+    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _json(self, method: str, path: str) -> Any:
+        async with self._session.request(method, self.url + path) as r:
+            body = await r.read()
+            if r.status >= 400:
+                raise _error(r.status, body, f"{method} {path}")
+            return json.loads(body) if body else None
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return self._call(self._predict(batch))
+
+    async def _predict(self, batch: list[Any]) -> list[Any]:
+        if not batch:
+            raise ValidationError("predict got an empty batch")
+        return list(await asyncio.gather(*(self._invoke(sample) for sample in batch)))
+
+    async def _invoke(self, sample: Any) -> Any:
+        if isinstance(sample, str):
+            sample = sample.encode()
+        if not isinstance(sample, bytes | bytearray | memoryview):
+            raise ValidationError(
+                f"a pipeline sample is a request body (bytes or str), got {type(sample).__name__}"
+            )
+        path = f"/v1/pipelines/{self.name}/invoke{self._query}"
+        headers = {"Content-Type": self.content_type}
+        async with self._session.post(self.url + path, data=bytes(sample), headers=headers) as r:
+            body = await r.read()
+            if r.status >= 400:
+                raise _error(r.status, body, f"invoking pipeline {self.name}")
+            timing = parse_server_timing(r.headers.get("Server-Timing", ""))
+            json_body = "json" in r.headers.get("Content-Type", "")
+        if timing:
+            with self._lock:
+                self._timings.append(timing)
+        return json.loads(body) if json_body else body
+
+    def stage_latencies(self) -> dict[str, list[float]]:
+        """Each stage's durations (ms, from ``Server-Timing``, ``total`` included) over the
+        queries answered since the last call; the record starts empty again."""
+        with self._lock:
+            timings, self._timings = self._timings, []
+        stages: dict[str, list[float]] = {}
+        for timing in timings:
+            for stage, ms in timing.items():
+                stages.setdefault(stage, []).append(ms)
+        return stages
+
+    def close(self) -> None:
+        """Close the connection pool, and remove what :meth:`deploy` made."""
+        if not self._thread.is_alive():
+            return
+        try:
+            for path in self._deployed:
+                self._call(self._json("DELETE", path))
+            if self._deployed:
+                log.info("pipeline %s and its functions removed from %s", self.name, self.url)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._call(self._session.close())
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def _error(status: int, body: bytes, doing: str) -> TrimsError:
+    try:
+        return error_from_dict(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        text = body[:200].decode(errors="replace")
+        return TrimsError(f"{doing}: the gateway answered {status}: {text}")
