@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 SUBCOMMANDS: tuple[str, ...] = (
     "trims.evaluation.harness.cli",
     "trims.evaluation.harness.results_cli",
+    "trims.evaluation.harness.run_cli",
 )
 
 

@@ -9,16 +9,18 @@ run returns every sample's (post-processed) output by sample index, which the ac
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trims.errors import ValidationError
+from trims.errors import NotFound, ValidationError
 from trims.evaluation.harness.loadgen import (
     MODES,
     SCENARIOS,
@@ -29,24 +31,38 @@ from trims.evaluation.harness.loadgen import (
 from trims.evaluation.harness.sut import SystemUnderTest
 
 if TYPE_CHECKING:
+    import torch
+
+    from trims.evaluation.db import Evaluation
     from trims.evaluation.harness.manifest import Manifest
 
 __all__ = [
     "RUN_MODES",
+    "SUT_KINDS",
     "GatewayTarget",
     "ManifestRun",
     "SampleSet",
     "ScenarioRun",
+    "check_manifest",
     "manifest_model_file",
     "manifest_samples",
     "run_manifest",
     "run_scenario",
+    "torch_model",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The modes :func:`run_scenario` accepts: LoadGen's two, and both (two runs).
 RUN_MODES = (*MODES, "both")
+#: Seconds the Offline rate is measured before a run whose expected rate is not given.
+CALIBRATION_S = 0.25
+#: framework -> the systems under test :func:`run_manifest` runs its manifests on.
+SUT_KINDS: Mapping[str, tuple[str, ...]] = {
+    "onnxruntime": ("direct", "gateway"),
+    "torch": ("direct", "gateway"),
+    "mxnet": ("direct",),
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,10 @@ class ScenarioRun:
     performance: ScenarioResult | None = None
     accuracy: ScenarioResult | None = None
     outputs: Mapping[int, Any] = field(default_factory=dict, repr=False)
+    #: Per stage of a SUT that times its stages (``stage_latencies()``, e.g. the pipeline SUT):
+    #: stage -> {"p50", "p90", "p99", "mean"} in ms, over the performance run's queries (the
+    #: accuracy run's when there is none); empty for other SUTs.
+    stage_latency_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def results(self) -> list[ScenarioResult]:
@@ -125,6 +145,14 @@ def run_scenario(
         raise ValidationError(f"sample set {samples.name} is empty", field="samples")
     for _ in range(warmup):
         sut.predict([samples.inputs[0]])
+    settings = settings or LoadGenSettings()
+    if scenario == "offline" and mode != "accuracy" and _needs_offline_rate(settings):
+        rate = _calibrate(sut, samples, batch)
+        settings = replace(settings, offline_expected_qps=rate)
+        log.info("%s on %s: offline expected rate %.1f samples/s (calibrated)", samples.name,
+                 sut.name, rate)  # fmt: skip
+    _stage_percentiles(sut)  # the warmup's stage times are not the run's
+    stage_ms: dict[str, dict[str, dict[str, float]]] = {}
     modes = ("performance", "accuracy") if mode == "both" else (mode,)
     found: dict[str, ScenarioResult] = {}
     outputs: dict[int, Any] = {}
@@ -140,6 +168,7 @@ def run_scenario(
             log_dir=Path(log_dir) / one if log_dir is not None else None,
         )
         found[one] = result
+        stage_ms[one] = _stage_percentiles(sut)
         if one == "accuracy":
             post = samples.postprocess
             outputs = {i: post(out) if post else out for i, out in raw.items()}
@@ -157,23 +186,69 @@ def run_scenario(
         performance=found.get("performance"),
         accuracy=found.get("accuracy"),
         outputs=outputs,
+        stage_latency_ms=stage_ms.get("performance") or stage_ms.get("accuracy", {}),
     )
+
+
+def _stage_percentiles(sut: SystemUnderTest) -> dict[str, dict[str, float]]:
+    """p50/p90/p99/mean (ms) of each stage a SUT with ``stage_latencies()`` timed since it was
+    last asked (the asking starts its record afresh); {} for a SUT without stages."""
+    stage_latencies = getattr(sut, "stage_latencies", None)
+    if stage_latencies is None:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for stage, values in stage_latencies().items():
+        if len(values):
+            ms = np.asarray(values, dtype=np.float64)
+            q50, q90, q99 = np.percentile(ms, (50, 90, 99))
+            out[stage] = {
+                "p50": float(q50),
+                "p90": float(q90),
+                "p99": float(q99),
+                "mean": float(ms.mean()),
+            }
+    return out
+
+
+def _needs_offline_rate(settings: LoadGenSettings) -> bool:
+    return settings.offline_expected_qps is None and not settings.mlperf_defaults
+
+
+def _calibrate(sut: SystemUnderTest, samples: SampleSet, batch: int) -> float:
+    """Samples per second of ``predict`` on one batch, over about :data:`CALIBRATION_S`.
+
+    Note [offline calibration]: LoadGen sizes the one Offline query from the expected rate
+    (LoadGen's default: 1 sample/s); a guess far below the real rate ends the query before
+    the min duration and makes the run INVALID, so short runs measure the rate first, as
+    MLPerf submitters set it from a previous run.
+    """
+    chunk = [samples.inputs[i % len(samples.inputs)] for i in range(batch)]
+    done, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < CALIBRATION_S or done == 0:
+        sut.predict(chunk)
+        done += len(chunk)
+    return done / max(elapsed, 1e-9)
 
 
 @dataclass(frozen=True)
 class GatewayTarget:
     """Where a ``gateway`` system under test deploys: the gateway's URL, an admin token (None:
-    none sent) and the folder of the ONNX handler module (``examples/onnx_zoo`` in the repo)."""
+    none sent), the folder of the ONNX handler module (``examples/onnx_zoo`` in the repo) and
+    the executor the function runs on (None: the gateway's default)."""
 
     url: str
     code_dir: Path
     token: str | None = None
+    executor: str | None = None
 
 
 @dataclass(frozen=True)
 class ManifestRun:
     """One manifest evaluated in one scenario: the LoadGen run and, after an accuracy run on
-    labelled samples with real weights, the metric's value (a fraction in [0, 1])."""
+    labelled samples with real weights, the metric's value (a fraction in [0, 1]).
+
+    ``model_digest``: sha256 of the model file, or of a built module's tensors in state-dict
+    order (a builder's output has no file to pin, Note [model sources] in manifest.py)."""
 
     manifest: Manifest
     framework_version: str
@@ -181,6 +256,58 @@ class ManifestRun:
     run: ScenarioRun
     accuracy: float | None
     samples: int
+    model_digest: str = ""
+    batch: int = 1
+    threads: int = 1
+    settings: LoadGenSettings | None = None
+
+    def to_evaluation(self, mode: str, executor: str = "local") -> Evaluation:
+        """The database row's measurements (:class:`trims.evaluation.db.Evaluation`): LoadGen's
+        settings and summaries of every run (performance first), figures of the performance
+        run, the accuracy with its reference."""
+        from trims.evaluation.db import AccuracyResult, Evaluation, Latency
+        from trims.evaluation.harness.results import manifest_digest
+
+        m = self.manifest
+        perf = self.run.performance
+        latency = None
+        if perf is not None and {"p50", "p90", "p99", "mean"} <= set(perf.latency_ms):
+            lat = perf.latency_ms
+            latency = Latency(lat["p50"], lat["p90"], lat["p99"], lat["mean"])
+        accuracy = None
+        if self.accuracy is not None and m.accuracy is not None:
+            accuracy = AccuracyResult(
+                metric=m.accuracy.metric,
+                value=self.accuracy,
+                reference=m.accuracy.reference,
+                dataset=f"{m.dataset.name}/{m.dataset.split}",
+                samples=self.samples,
+            )
+        settings: dict[str, Any] = {
+            "requested": (self.settings or LoadGenSettings()).to_dict(),
+            **{r.mode: dict(r.settings) for r in self.run.results},
+        }
+        summary = "\n".join(f"== {r.mode} ==\n{r.summary.rstrip()}" for r in self.run.results)
+        return Evaluation(
+            manifest_name=m.name,
+            manifest_version=m.version,
+            manifest_digest=manifest_digest(m.model_dump(mode="json")),
+            model_digest=self.model_digest,
+            framework=m.framework.name,
+            framework_version=self.framework_version,
+            executor=executor,
+            sut=self.sut_kind,
+            scenario=self.run.scenario,
+            mode=mode,
+            batch=self.batch,
+            threads=self.threads,
+            settings=settings,
+            summary=summary,
+            valid=self.run.valid,
+            qps=None if perf is None else perf.qps,
+            latency=latency,
+            accuracy=accuracy,
+        )
 
 
 def manifest_samples(manifest: Manifest) -> SampleSet:
@@ -213,6 +340,197 @@ def manifest_model_file(manifest: Manifest, work_dir: Path) -> Path:
     )
 
 
+def _where(manifest: Manifest) -> str:
+    return f"{manifest.file}: " if manifest.file is not None else f"manifest {manifest.name}: "
+
+
+def check_manifest(manifest: Manifest, sut_kind: str) -> str:
+    """Everything that can be checked before an evaluation runs; the framework's version.
+
+    The framework constraint on this stack, the system under test for the framework, the
+    sources' sha256 (local files) or the builder's existence, and the dataset. Each problem is
+    one TrimsError naming the manifest file and the field.
+    """
+    from trims.evaluation.harness import datasets
+
+    where = _where(manifest)
+    framework = manifest.framework.name
+    kinds = SUT_KINDS.get(framework, ())
+    if sut_kind not in kinds:
+        raise ValidationError(
+            f"{where}framework.name: {framework} models run on the "
+            f"{' or '.join(kinds) or 'no'} system under test, not {sut_kind!r}",
+            field="framework.name",
+        )
+    version = manifest.check_stack()
+    manifest.verify_sources()
+    for i, source in enumerate(manifest.model.sources):
+        if source.url is not None:
+            raise ValidationError(
+                f"{where}model.sources[{i}]: {source.url}: url models are fetched by the store; "
+                "add the model to the store first and evaluate a local copy",
+                field=f"model.sources[{i}]",
+            )
+        if source.builder is not None:
+            _check_builder(manifest, source.builder, f"{where}model.sources[{i}].builder")
+    if framework == "mxnet" and manifest.model.format != "onnx":
+        raise ValidationError(
+            f"{where}model.format: the MXNet system under test runs ONNX graphs, not "
+            f"{manifest.model.format}",
+            field="model.format",
+        )
+    try:
+        datasets.check(manifest.dataset.name, manifest.dataset.split)
+    except (NotFound, ValidationError) as e:
+        raise type(e)(f"{where}dataset: {e.message}", field="dataset") from e
+    return version
+
+
+def _check_builder(manifest: Manifest, builder: str, where: str) -> None:
+    from trims.evaluation import families
+    from trims.evaluation.harness import prepare
+
+    kind, _, name = builder.partition(":")
+    known: list[str]
+    if kind == "torch":
+        known = [f.removeprefix(families.PREFIX) for f in families.FAMILIES]
+    elif kind == "prepare":
+        known = sorted(prepare.BUILDERS)
+    else:
+        known = ["resnet50"]
+        if name == "resnet50" and not (_examples_dir() / name / "network.py").is_file():
+            raise NotFound(
+                f"{where}: {builder} needs examples/{name}/network.py of a source checkout",
+                field="model.sources",
+            )
+    if name not in known:
+        raise NotFound(
+            f"{where}: no builder {builder!r}; choose {kind}:" + f", {kind}:".join(known),
+            field="model.sources",
+        )
+    if manifest.framework.name == "torch" and kind == "prepare":
+        raise ValidationError(
+            f"{where}: {builder} builds an ONNX model; a torch manifest names torch:<arch>, "
+            "example:resnet50, or a state dict with model.module",
+            field="model.sources",
+        )
+
+
+def _examples_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+def _state_digest(module: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def torch_model(
+    manifest: Manifest, *, socket_path: str | Path | None = None
+) -> tuple[torch.nn.Module, Callable[[], None] | None, str]:
+    """A torch manifest's module in eval mode, what frees its weights (None: nothing to
+    free) and the model digest.
+
+    ``torch:<arch>``: the families' seeded module (:func:`trims.evaluation.families.build`);
+    ``example:resnet50``: the example's network with the weights its prepare.py writes (seeded
+    random if not written); a state dict with ``model.module``: that module filled through the
+    store or the checked file (:func:`trims.evaluation.harness.prepare.open_torch_module`).
+    """
+    from trims.evaluation.harness.prepare import open_torch_module
+
+    source = manifest.model.sources[0]
+    if manifest.model.module is not None:
+        module, model = open_torch_module(manifest, socket_path=socket_path)
+        return module, model.close, source.sha256 or _state_digest(module)
+    builder = source.builder or ""
+    if builder.startswith("torch:"):
+        from trims.evaluation import families
+
+        built = families.build(builder)
+    elif builder == "example:resnet50":
+        from trims.evaluation.tracing.workload import _example_module
+
+        built = _example_module()
+    else:
+        raise ValidationError(
+            f"{_where(manifest)}model.sources[0]: {source.describe()} is not a torch model; "
+            "use a torch:<arch> or example:resnet50 builder, or a state dict with model.module",
+            field="model.sources[0]",
+        )
+    built.eval()
+    return built, None, _state_digest(built)
+
+
+def _function_name(manifest: Manifest) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", manifest.name.lower()).strip("-")[:60]
+    return f"eval-{slug}"
+
+
+def _open_sut(
+    manifest: Manifest,
+    sut_kind: str,
+    *,
+    work_dir: Path,
+    gateway: GatewayTarget | None,
+    socket_path: str | Path | None,
+    threads: int,
+    mxnet_python: str | None,
+) -> tuple[SystemUnderTest, str]:
+    """The system under test for ``manifest`` and the model digest."""
+    from trims.evaluation.harness.manifest import file_sha256
+    from trims.evaluation.harness.sut import (
+        DirectSUT,
+        GatewaySUT,
+        onnx_function_spec,
+        torch_function_spec,
+    )
+
+    framework = manifest.framework.name
+    if framework == "torch":
+        first, output = manifest.inputs[0], manifest.outputs[0].name
+        if sut_kind == "gateway":
+            assert gateway is not None
+            module, close, digest = torch_model(manifest, socket_path=socket_path)
+            if close is not None:
+                close()
+            del module
+            spec = torch_function_spec(
+                _function_name(manifest), manifest.model_dump(mode="json"), input_name=first.name,
+                input_dims=first.dims, output_name=output, executor=gateway.executor,
+                threads=threads,
+            )  # fmt: skip
+            return GatewaySUT.deploy(gateway.url, spec, token=gateway.token), digest
+        module, close, digest = torch_model(manifest, socket_path=socket_path)
+        sut = DirectSUT.torch(
+            manifest.name, module, input_name=first.name, output_name=output,
+            threads=threads, on_close=close,
+        )  # fmt: skip
+        return sut, digest
+    path = manifest_model_file(manifest, work_dir)
+    digest = file_sha256(path)
+    if framework == "mxnet":
+        import onnx
+
+        from trims.evaluation.harness.sut_mxnet import MxnetSUT
+
+        model = onnx.load(str(path))
+        return MxnetSUT.from_onnx(
+            manifest.name, model, threads=threads, python=mxnet_python
+        ), digest
+    if sut_kind == "gateway":
+        assert gateway is not None
+        spec = onnx_function_spec(
+            _function_name(manifest), path, code_dir=gateway.code_dir,
+            executor=gateway.executor, threads=threads,
+        )  # fmt: skip
+        return GatewaySUT.deploy(gateway.url, spec, token=gateway.token), digest
+    sut = DirectSUT.onnx(manifest.name, path, threads=threads, socket_path=socket_path)
+    return sut, digest
+
+
 def run_manifest(
     manifest: Manifest,
     sut_kind: str,
@@ -226,42 +544,34 @@ def run_manifest(
     batch: int = 1,
     workers: int = 1,
     threads: int = 1,
+    mxnet_python: str | None = None,
+    framework_version: str | None = None,
 ) -> ManifestRun:
-    """Evaluate an ONNX Runtime manifest on the ``direct`` or ``gateway`` system under test.
+    """Evaluate a manifest (torch, onnxruntime or mxnet) on a system under test.
 
-    Checks before anything runs: the framework constraint (:meth:`Manifest.check_stack`), the
-    sources' sha256 and the dataset. ``work_dir`` holds built models (readable by the gateway's
-    workers); ``socket_path``: the store the direct SUT maps the model from when its daemon
-    runs (by the manifest's name). Accuracy is computed only for real weights with labels.
+    ``direct``: the model in this process (torch module, ONNX Runtime session; MXNet in its
+    child process); ``gateway``: deployed as a function on ``gateway`` (torch and onnxruntime).
+    Unless ``framework_version`` says the checks already passed, :func:`check_manifest` runs
+    first: nothing runs when it fails. ``work_dir`` holds built models (readable by the
+    gateway's workers); ``socket_path``: the store the model is mapped from when its daemon
+    runs (by the manifest's name). ``threads``: intra-op threads (direct) or the function's
+    cores and threads (gateway). Accuracy is computed only for real weights with labels.
     """
     from trims.evaluation.harness.accuracy import score
-    from trims.evaluation.harness.sut import DirectSUT, GatewaySUT, onnx_function_spec
 
-    if manifest.framework.name != "onnxruntime":
-        raise ValidationError(
-            f"manifest {manifest.name}: run_manifest runs onnxruntime manifests; "
-            f"{manifest.framework.name} models need their framework's system under test",
-            field="framework.name",
-        )
-    if sut_kind not in ("direct", "gateway"):
-        raise ValidationError(f"unknown system under test {sut_kind!r}; choose direct or gateway")
     if sut_kind == "gateway" and gateway is None:
         raise ValidationError("a gateway system under test needs the gateway (GatewayTarget)")
-    version = manifest.check_stack()
-    path = manifest_model_file(manifest, work_dir)
+    version = framework_version or check_manifest(manifest, sut_kind)
     samples = manifest_samples(manifest)
     output = manifest.outputs[0].name
     if manifest.accuracy is not None and samples.labels is not None:
         samples = SampleSet(
             samples.inputs, samples.labels, lambda out: out[output], name=samples.name
         )
-    sut: SystemUnderTest
-    if gateway is not None and sut_kind == "gateway":
-        function = re.sub(r"[^a-z0-9-]+", "-", manifest.name.lower()).strip("-")[:60]
-        spec = onnx_function_spec(f"eval-{function}", path, code_dir=gateway.code_dir)
-        sut = GatewaySUT.deploy(gateway.url, spec, token=gateway.token)
-    else:
-        sut = DirectSUT.onnx(manifest.name, path, threads=threads, socket_path=socket_path)
+    sut, digest = _open_sut(
+        manifest, sut_kind, work_dir=work_dir, gateway=gateway, socket_path=socket_path,
+        threads=threads, mxnet_python=mxnet_python,
+    )  # fmt: skip
     try:
         run = run_scenario(sut, samples, scenario, mode, settings, batch=batch, workers=workers)
     finally:
@@ -270,4 +580,7 @@ def run_manifest(
     if run.accuracy is not None and manifest.accuracy is not None and samples.labels is not None:
         predictions = np.stack([np.asarray(p).reshape(-1) for p in run.predictions()])
         value = score(manifest.accuracy.metric, predictions, samples.labels, manifest.accuracy.k)
-    return ManifestRun(manifest, version, sut_kind, run, value, len(samples.inputs))
+    return ManifestRun(
+        manifest, version, sut_kind, run, value, len(samples.inputs),
+        model_digest=digest, batch=batch, threads=threads, settings=settings,
+    )  # fmt: skip

@@ -12,6 +12,9 @@ NumPy array for a single-input model, or ``{input name: array}``; an output is
 * :class:`GatewaySUT`: the model deployed as a function on a running gateway, invoked over the
   Open Inference Protocol (KServe V2) with the binary tensor extension over a persistent
   aiohttp connection pool; it can deploy the function from a spec and remove it at close.
+  :func:`onnx_function_spec` and :func:`torch_function_spec` write those specs.
+* :class:`trims.evaluation.harness.sut_mxnet.MxnetSUT`: the model in a child process in the
+  MXNet environment (its own module: the main environment has no MXNet).
 
 Both split a batch into chunks the model accepts (a fixed batch dimension, e.g. the zoo's 1).
 """
@@ -36,6 +39,7 @@ __all__ = [
     "Output",
     "SystemUnderTest",
     "onnx_function_spec",
+    "torch_function_spec",
 ]
 
 log = logging.getLogger(__name__)
@@ -202,9 +206,11 @@ class DirectSUT:
         input_name: str = "input",
         output_name: str = "output",
         threads: int | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> DirectSUT:
         """A torch module called on a float32 batch under ``inference_mode``; ``threads`` sets
-        torch's (process-wide) intra-op thread count when given."""
+        torch's (process-wide) intra-op thread count when given; ``on_close`` frees what the
+        module's weights map (e.g. the store's model handle)."""
         import torch
 
         if threads is not None:
@@ -212,11 +218,18 @@ class DirectSUT:
         module.eval()
 
         def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            x = np.ascontiguousarray(feeds[input_name], dtype=np.float32)
             with torch.inference_mode():
-                out = module(torch.from_numpy(np.ascontiguousarray(feeds[input_name])))
+                out = module(torch.from_numpy(x))
             return {output_name: out.numpy()}
 
-        return cls(name, run, [input_name])
+        log.info(
+            "direct system under test %s: torch module %s, %s intra-op threads",
+            name,
+            type(module).__name__,
+            torch.get_num_threads(),
+        )
+        return cls(name, run, [input_name], on_close=on_close)
 
     def predict(self, batch: list[Any]) -> list[Any]:
         results: list[Any] = []
@@ -239,12 +252,15 @@ def onnx_function_spec(
     executor: str | None = None,
     max_instances: int = 1,
     concurrency: int = 1,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """A function spec serving the ONNX model at ``source`` over the Open Inference Protocol.
 
     The handler module in ``code_dir`` must define ``init(ctx)`` opening
     ``ctx.models["model"].onnx_session()`` and ``infer(inputs, ctx)``, as
     ``examples/onnx_zoo/handler.py`` does. The served tensors are read from the model.
+    ``threads``: the instance's CPU cores (``resources.cpus``, enforced by the docker and
+    kubernetes executors) and ``config.threads`` for a handler that sizes its pools by it.
     """
     import onnxruntime as ort
 
@@ -271,9 +287,58 @@ def onnx_function_spec(
         "scaling": {"max_instances": max_instances, "concurrency": concurrency},
         "serves": {"inputs": meta(session.get_inputs()), "outputs": meta(session.get_outputs())},
     }
+    return _with_placement(spec, executor, threads)
+
+
+def _with_placement(
+    spec: dict[str, Any], executor: str | None, threads: int | None
+) -> dict[str, Any]:
     if executor is not None:
         spec["executor"] = executor
+    if threads is not None:
+        spec["resources"] = {"cpus": threads}
+        spec["config"] = {**spec.get("config", {}), "threads": threads}
     return spec
+
+
+def torch_function_spec(
+    name: str,
+    manifest: Mapping[str, Any],
+    *,
+    input_name: str,
+    input_dims: Sequence[int],
+    output_name: str,
+    code_dir: str | Path | None = None,
+    executor: str | None = None,
+    max_instances: int = 1,
+    concurrency: int = 1,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """A function spec serving a torch manifest's model over the Open Inference Protocol.
+
+    The handler is ``evaluation/harness/functions/torch_model.py`` (``code_dir`` defaults to
+    that folder): its ``init`` builds the module the manifest (its JSON form, carried in the
+    spec's config, so no file of the evaluating host need be readable by the function's user
+    or inside its container) describes, with ``config.threads`` intra-op threads, and
+    ``infer`` runs it on the float32 input ``input_name`` (``[-1, *input_dims]``).
+    """
+    folder = Path(code_dir) if code_dir is not None else Path(__file__).parent / "functions"
+    spec: dict[str, Any] = {
+        "name": name,
+        "handler": "torch_model:handler",
+        "code_dir": str(folder.resolve()),
+        "scaling": {"max_instances": max_instances, "concurrency": concurrency},
+        "config": {
+            "manifest": dict(manifest),
+            "input": input_name,
+            "output": output_name,
+        },
+        "serves": {
+            "inputs": [{"name": input_name, "datatype": "FP32", "shape": [-1, *input_dims]}],
+            "outputs": [{"name": output_name, "datatype": "FP32", "shape": [-1, -1]}],
+        },
+    }
+    return _with_placement(spec, executor, threads)
 
 
 class GatewaySUT:

@@ -21,6 +21,10 @@ or ``{"ok": false, "error": "..."}`` (the child then waits for the next request)
 * ``{"op": "load", "spec": {...}}`` -> ``{"pid", "mxnet", "input"}``: build the graph;
 * ``{"op": "run"}`` -> ``{"seconds"}``: one untraced predict, timed here (a parent-side clock
   would add the pipe's round trip to the untraced latency and nothing to the traced ones);
+* ``{"op": "infer", "input": ARRAY}`` -> ``{"outputs": [ARRAY, ...]}``: one untraced predict
+  of the given input, the graph's outputs in order (the evaluation harness's MXNet system under
+  test, :mod:`trims.evaluation.harness.sut_mxnet`); an ARRAY is ``{"dtype", "shape", "data"}``
+  with the C-order bytes in base64 (:func:`encode_array`, :func:`decode_array`);
 * ``{"op": "begin", "level", "process", "label", "attributes"}``: open the level's profiling
   session (Note [one profiling session per level] in workload.py); ``model`` opens none;
 * ``{"op": "predict"}`` -> ``{"spans"}``: one predict in the session: its model spans
@@ -48,6 +52,7 @@ bracket stays a top-level layer span of its own.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import contextlib
 import json
@@ -64,7 +69,7 @@ from trims.tracing.levels import Level
 from trims.tracing.sources import Recording
 from trims.tracing.spans import AttrValue, Span
 
-__all__ = ["Child", "group_by_node", "main"]
+__all__ = ["Child", "decode_array", "encode_array", "group_by_node", "main"]
 
 #: (node name, ONNX op type, start ns, end ns) of one node in one profiled predict
 Bracket = tuple[str, str, int, int]
@@ -109,6 +114,22 @@ def group_by_node(spans: list[Span], brackets: list[Bracket]) -> list[Span]:
             for s in ops
         )
     return out
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """An array as JSON: dtype, shape and its C-order bytes in base64."""
+    data = np.ascontiguousarray(array)
+    return {
+        "dtype": data.dtype.str,
+        "shape": list(data.shape),
+        "data": base64.b64encode(data.tobytes()).decode("ascii"),
+    }
+
+
+def decode_array(doc: dict[str, Any]) -> np.ndarray:
+    """The array :func:`encode_array` wrote."""
+    raw = base64.b64decode(doc["data"])
+    return np.frombuffer(raw, dtype=np.dtype(doc["dtype"])).reshape(doc["shape"])
 
 
 class Child:
@@ -160,6 +181,10 @@ class Child:
         seconds = time.perf_counter() - t0
         del x, y, out
         return seconds
+
+    def infer(self, x: np.ndarray) -> list[np.ndarray]:
+        """One untraced predict of ``x``: the graph's outputs, in order."""
+        return self._postprocess(self._infer(self.mx.nd.array(x), None))
 
     def begin(self, level: Level, process: str, label: str, attributes: dict[str, Any]) -> None:
         from trims.tracing.sources import mxnet as mx_source
@@ -219,6 +244,9 @@ def _handle(child: Child | None, request: dict[str, Any]) -> tuple[Child | None,
         raise ValueError(f"request {op!r} before load")
     if op == "run":
         return child, {"seconds": child.run()}
+    if op == "infer":
+        outputs = child.infer(decode_array(request["input"]))
+        return child, {"outputs": [encode_array(o) for o in outputs]}
     if op == "begin":
         level = Level[str(request["level"]).upper()]
         child.begin(level, str(request["process"]), str(request["label"]), request["attributes"])
@@ -232,7 +260,7 @@ def _handle(child: Child | None, request: dict[str, Any]) -> tuple[Child | None,
             "unavailable": {level.label: why for level, why in rec.unavailable.items()},
             "error": rec.error,
         }
-    raise ValueError(f"unknown request {op!r}; use load, run, begin, predict or end")
+    raise ValueError(f"unknown request {op!r}; use load, run, infer, begin, predict or end")
 
 
 def serve(requests: IO[str], replies: IO[str]) -> None:

@@ -255,3 +255,25 @@ def test_image_steps_pad_resize_mode_and_grayscale_are_checked(tmp_path: Path) -
         "inputs[0].preprocessing.pad",
         "inputs[0].preprocessing.resize_mode",
     ]
+
+
+def test_shipped_onnx_manifests_declare_their_models_real_inputs() -> None:
+    """Each ONNX file manifest names the graph's real inputs (not initializers listed as
+    inputs, as older zoo graphs do) with their dims after the batch dimension."""
+    onnx = pytest.importorskip("onnx")
+    checked = 0
+    for path in shipped_manifest_paths():
+        manifest = load_manifest(path, check_dataset=False)
+        source = manifest.model.sources[0]
+        if manifest.model.format != "onnx" or source.path is None:
+            continue
+        graph = onnx.load(str(manifest.resolve(source.path)), load_external_data=False).graph
+        weights = {i.name for i in graph.initializer}
+        real = [
+            (i.name, [d.dim_value for d in i.type.tensor_type.shape.dim][1:])
+            for i in graph.input
+            if i.name not in weights
+        ]
+        assert [(i.name, list(i.dims)) for i in manifest.inputs] == real, path.name
+        checked += 1
+    assert checked >= 9

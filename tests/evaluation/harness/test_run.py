@@ -119,9 +119,17 @@ def test_a_manifest_runs_with_its_accuracy_on_real_labelled_digits(tmp_path: Pat
     assert abs(result.accuracy - manifest.accuracy.reference) <= 0.005
 
 
-def test_run_manifest_refuses_other_frameworks_before_running(tmp_path: Path) -> None:
+def test_run_manifest_refuses_a_system_under_test_the_framework_lacks(tmp_path: Path) -> None:
     from trims.evaluation.harness.manifest import load_manifest, shipped_manifest_paths
 
     path = next(p for p in shipped_manifest_paths() if p.name == "torch-resnet18.yaml")
-    with pytest.raises(ValidationError, match="runs onnxruntime manifests"):
-        run_manifest(load_manifest(path), "direct", "offline", work_dir=tmp_path)
+    with pytest.raises(ValidationError, match="torch models run on the direct or gateway"):
+        run_manifest(load_manifest(path), "pipeline", "offline", work_dir=tmp_path)
+
+
+def test_offline_without_an_expected_rate_is_calibrated_and_valid(direct: DirectSUT) -> None:
+    settings = LoadGenSettings(min_duration_ms=300, min_query_count=16)
+    run = run_scenario(direct, SampleSet(samples(32)), "offline", "performance", settings)
+    assert run.performance is not None
+    assert run.performance.settings["target_qps"] > 1.0, "LoadGen got the measured rate"
+    assert run.performance.valid, run.performance.invalid_reasons

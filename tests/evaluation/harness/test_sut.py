@@ -203,3 +203,22 @@ async def test_gateway_sut_for_an_unknown_model_is_not_found(
     gw = await start_gateway()
     with pytest.raises(NotFound, match="no model named"):
         await asyncio.to_thread(GatewaySUT, gw.url, "absent")
+
+
+def test_torch_function_spec_carries_the_manifest_executor_and_threads() -> None:
+    from trims.evaluation.harness.manifest import load_manifest, shipped_manifest_paths
+    from trims.evaluation.harness.sut import torch_function_spec
+    from trims.runtime.functions.spec import parse_spec
+
+    path = next(p for p in shipped_manifest_paths() if p.stem == "torch-resnet18")
+    manifest = load_manifest(path)
+    spec = torch_function_spec(
+        "eval-torch-resnet18", manifest.model_dump(mode="json"), input_name="data",
+        input_dims=[3, 224, 224], output_name="logits", executor="docker", threads=2,
+    )  # fmt: skip
+    parsed = parse_spec(spec)
+    assert parsed.executor == "docker" and parsed.resources.cpus == 2
+    assert parsed.config["threads"] == 2 and parsed.config["manifest"]["name"] == "torch-resnet18"
+    assert parsed.handler == "torch_model:handler"
+    assert parsed.code_dir is not None and Path(parsed.code_dir, "torch_model.py").is_file()
+    assert parsed.serves is not None and parsed.serves.inputs[0].shape == (-1, 3, 224, 224)
