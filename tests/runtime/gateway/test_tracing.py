@@ -87,6 +87,13 @@ def trace_headers(headers: Any) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower().startswith("trims-trace-")}
 
 
+def _otel_sdk_installed() -> bool:
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return isinstance(otel_trace.get_tracer_provider(), TracerProvider)
+
+
 async def test_layer_trace_is_one_tree_in_json_chrome_and_otlp(
     start_gateway: Callable[..., Awaitable[RunningGateway]], tmp_path: Path, otlp_receiver: Any
 ) -> None:
@@ -117,7 +124,12 @@ async def test_layer_trace_is_one_tree_in_json_chrome_and_otlp(
     trace = Trace.from_dict(doc)
     roots = [s for s in trace.spans if s.parent_id not in {x.span_id for x in trace.spans}]
     assert [r.name for r in roots] == ["gateway request"]
-    assert roots[0].parent_id == "00f067aa0ba902b7", "the caller's span is the root's parent"
+    if _otel_sdk_installed():
+        # an earlier test of this process installed an SDK provider: the gateway's own
+        # OpenTelemetry request span (a child of the caller's) is then the root's parent
+        assert roots[0].parent_id not in (None, "00f067aa0ba902b7")
+    else:
+        assert roots[0].parent_id == "00f067aa0ba902b7", "the caller's span is the root's parent"
     convs = [s for s in trace.spans if s.attributes.get("op_type") == "aten::conv2d"]
     assert convs, [s.name for s in trace.spans]
     path = chain(trace, convs[0])
