@@ -65,3 +65,42 @@ def test_density(tmp_path: Path) -> None:
     for mode in ("store", "no_store"):
         assert doc["density"][mode]["instances"] == 2
         assert doc["churn"][mode]["errors"] == 0 and doc["churn"][mode]["requests"] > 0
+
+
+def test_case_study_plan_covers_the_frameworks_scenarios_and_suts() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "case_study.py"), "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = json.loads(proc.stdout)["steps"]
+    models = {s["model"] for s in steps}
+    assert len(models) >= 12
+    for model in models:
+        scenarios = {s["scenario"] for s in steps if s["model"] == model}
+        assert {"single-stream", "offline"} <= scenarios, model
+    server = {s["model"] for s in steps if s["scenario"] == "server"}
+    assert len(server) >= 3
+    assert {"direct", "gateway"} == {s["sut"] for s in steps}
+
+
+def test_case_study_quick(tmp_path: Path) -> None:
+    doc = _run("case_study.py", tmp_path / "cs.json", "--quick")
+    assert doc["quick"] is True and Path(doc["db"]) == tmp_path / "cs.sqlite"
+    assert doc["skipped"] == []
+    seen = {(e["model"], e["scenario"], e["sut"]) for e in doc["evaluations"]}
+    assert seen == {
+        (m, scenario, sut)
+        for m in ("digits-mlp", "mnist-cnn-onnxruntime")
+        for scenario in ("single-stream", "offline", "server")
+        for sut in ("direct", "gateway")
+    }
+    for e in doc["evaluations"]:
+        assert e["accuracy"] is not None and e["accuracy"]["samples"] == 450
+    assert {h["model"] for h in doc["harness"]} == {"digits-mlp", "mnist-cnn-onnxruntime"}
+    assert "QUICK RUN" in (tmp_path / "cs.md").read_text()
+    from trims.evaluation.harness.results import list_evaluations
+
+    assert len(list_evaluations(doc["db"])) == len(doc["evaluations"])
