@@ -3,7 +3,7 @@
 What a container gets (host side -> container side)::
 
     <store socket>                 -> /run/trims/store.sock   (bind mount of the socket file)
-    <state_dir>/<instance>/        -> /run/trims/w/           (the worker listens on <id>.sock)
+    <state_dir>/<instance>/        -> /run/trims/w/           (the worker listens on worker.sock)
     <spec.code_dir>                -> /srv/function           (read-only; the spec is rewritten)
 
 Weights arrive over the store socket as file descriptors (SCM_RIGHTS works across the mount),
@@ -60,6 +60,10 @@ LABEL_OWNER = "org.trims.owner"
 
 #: Paths inside the container.
 CONTAINER_STORE_SOCKET = "/run/trims/store.sock"
+#: The worker's socket in its instance's directory (the directory already names the instance).
+WORKER_SOCKET = "worker.sock"
+#: Longest path a Unix socket address holds (sun_path is 108 bytes with its terminating NUL).
+_MAX_SOCKET_PATH = 107
 CONTAINER_WORKER_DIR = "/run/trims/w"
 CONTAINER_CODE_DIR = "/srv/function"
 
@@ -195,7 +199,7 @@ class DockerInstance(WorkerInstance):
         self.spec = spec
         self.container = container
         self.socket_dir = socket_dir
-        self.socket_path = socket_dir / f"{instance_id}.sock"
+        self.socket_path = socket_dir / WORKER_SOCKET
         self.memory_limit = memory_limit
         self.state: Mapping[str, Any] = {}
         loop = asyncio.get_running_loop()
@@ -370,6 +374,12 @@ class DockerExecutor:
     def _socket_dir(self, instance_id: str) -> Path:
         """A directory only this instance's container writes its socket into."""
         path = self.state_dir / instance_id
+        if len(os.fsencode(path / WORKER_SOCKET)) > _MAX_SOCKET_PATH:
+            raise ValidationError(
+                f"the worker socket {path / WORKER_SOCKET} is longer than the "
+                f"{_MAX_SOCKET_PATH} bytes a Unix socket address holds; give the docker "
+                "executor a shorter state directory"
+            )
         path.mkdir(mode=0o700)
         uid, _, gid = self._user.partition(":")
         if os.getuid() == 0:
@@ -391,7 +401,7 @@ class DockerExecutor:
         group_add: list[str] = []
         worker_argv = [
             "worker",
-            "--listen", f"unix:{CONTAINER_WORKER_DIR}/{instance_id}.sock",
+            "--listen", f"unix:{CONTAINER_WORKER_DIR}/{WORKER_SOCKET}",
             "--instance-id", instance_id,
         ]  # fmt: skip
         environment = {**self.settings.env, **spec.env}

@@ -268,6 +268,18 @@ def test_gpus_and_network_reach_the_container_request(
     assert "--store-socket" not in kwargs["command"]
 
 
+def test_a_worker_socket_path_too_long_for_unix_is_refused_with_the_fix(tmp_path: Any) -> None:
+    """Pure: the worker socket is <state_dir>/<instance>/worker.sock; past 107 bytes bind()
+    would fail inside the container and the gateway would only time out."""
+    deep = tmp_path / ("d" * 90)
+    executor = DockerExecutor(store_socket=tmp_path / "absent.sock", state_dir=deep)
+    with pytest.raises(ValidationError, match="shorter state directory"):
+        executor._socket_dir("an-instance-id-1")
+    assert not (deep / "an-instance-id-1").exists()
+    short = DockerExecutor(store_socket=tmp_path / "absent.sock", state_dir=tmp_path / "s")
+    assert short._socket_dir("fn-1").is_dir()
+
+
 def test_root_user_is_refused() -> None:
     with pytest.raises(ValidationError, match="root"):
         DockerExecutor(user="0:0")
