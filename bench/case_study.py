@@ -1,7 +1,7 @@
 """The evaluation case study: shipped manifests x scenarios x systems under test, one command.
 
     python bench/case_study.py --json OUT.json            # the full study (~20 min on 2 cores)
-    python bench/case_study.py --quick --json OUT.json    # 2 small models, short runs (labelled)
+    python bench/case_study.py --quick --json OUT.json    # 2 small models, short runs, QUICK
     python bench/case_study.py --plan                     # what would run, as JSON; runs nothing
 
 Every model is a shipped manifest (``trims evaluate manifests``) evaluated with the harness's
@@ -15,8 +15,9 @@ with :func:`trims.evaluation.harness.results.record_evaluation` in the results d
 output names (``--db``; default ``OUT.sqlite`` beside ``--json``, else a temporary file), so
 ``trims evaluate compare --db ...`` draws the same tables.
 
-LoadGen settings are short (``--min-duration-ms``, ``--min-queries`` for SingleStream; Server
-needs 512 queries for LoadGen's early stopping): Server's target QPS is half the direct
+LoadGen settings are short but VALID (``--min-duration-ms``, 1 s; ``--min-queries`` for
+SingleStream, 64, what LoadGen's early stopping needs at the 90th percentile; Server needs 512
+queries for the same reason at the 99th): Server's target QPS is half the direct
 SingleStream rate (at most ``--server-max-qps``); Offline (batch ``--offline-batch``) lets the
 harness measure each SUT's rate first (Note [offline calibration] in run.py). Each model runs on
 the systems under test its framework has (``SUT_KINDS`` in run.py: MXNet only ``direct``); a
@@ -71,6 +72,11 @@ DEFAULT_MODELS = (
 DEFAULT_SERVER_MODELS = ("digits-mlp", "mnist-cnn-onnxruntime", "mnist-cnn-torch", "als-ml100k")
 QUICK_MODELS = ("digits-mlp", "mnist-cnn-onnxruntime")
 SCENARIOS = ("single-stream", "offline", "server")
+#: SingleStream's min query count: LoadGen's early stopping judges the 90th percentile and
+#: calls a run of fewer than 64 queries INVALID however long it lasted; with 16 queries the
+#: CNNs' runs (20-120 ms a query) were INVALID. 64 queries take at most 8 s for the slowest
+#: model here, so each run lasts max(min duration, 64 queries) and is VALID.
+SINGLE_STREAM_MIN_QUERIES = 64
 SUTS = ("direct", "gateway")
 
 
@@ -153,9 +159,12 @@ class Study:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.chmod(0o755)  # the gateway's workers (nobody when root) read the models
         self.gateway = GatewayTarget(url=url, code_dir=ONNX_HANDLER)
+        # SingleStream pre-generates min duration / expected latency queries: sub-50 us models
+        # (digits-mlp, ALS) ran out of them before the min duration at LoadGen's short 0.05 ms.
         self.base = LoadGenSettings(
-            min_duration_ms=args.min_duration_ms, min_query_count=args.min_queries
-        )
+            min_duration_ms=args.min_duration_ms, min_query_count=args.min_queries,
+            single_stream_expected_latency_ms=0.005,
+        )  # fmt: skip
         self.single: dict[tuple[str, str], float] = {}
         self.evaluations: list[dict[str, Any]] = []
         self.harness: list[dict[str, Any]] = []
@@ -164,7 +173,9 @@ class Study:
     def settings(self, model: str, scenario: str, sut: str) -> tuple[Any, int]:
         """LoadGen settings and batch of one step, sized by the SingleStream rates measured."""
         if scenario == "server":
-            rate = self.single.get((model, "direct")) or self.single.get((model, "gateway")) or 2.0
+            # Both systems get the same arrival rate, half the slower one's SingleStream rate.
+            rates = [r for k in ("direct", "gateway") if (r := self.single.get((model, k)))]
+            rate = min(rates) if rates else 2.0
             qps = round(min(self.args.server_max_qps, 0.5 * rate), 1)
             return dataclasses.replace(self.base, min_query_count=None, server_target_qps=qps), 1
         if scenario == "offline":
@@ -207,13 +218,13 @@ class Study:
         )
 
     def prepare(self, manifest: Any) -> None:
-        """Build a ``prepare:`` model now, readable by the gateway's workers (the builder
-        writes it owner-only, and workers run as nobody when the gateway runs as root)."""
+        """Build a ``prepare:`` model now (0644: the gateway's workers run as nobody when the
+        gateway runs as root, and read it)."""
         from trims.evaluation.harness.prepare import build
 
         builder = manifest.model.sources[0].builder
         if builder is not None and builder.startswith("prepare:"):
-            build(builder, self.work_dir).chmod(0o644)
+            build(builder, self.work_dir)
 
     def run(self, steps: list[dict[str, Any]]) -> None:
         from trims.evaluation.harness.function import shipped_manifests
@@ -357,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 small models, short runs")
     parser.add_argument("--plan", action="store_true", help="print the plan as JSON and exit")
     parser.add_argument("--min-duration-ms", type=int, help="default 1000 (--quick: 300)")
-    parser.add_argument("--min-queries", type=int, help="SingleStream; default 16 (--quick: 8)")
+    parser.add_argument(
+        "--min-queries", type=int,
+        help=f"SingleStream; default {SINGLE_STREAM_MIN_QUERIES} (--quick: 8)",
+    )  # fmt: skip
     parser.add_argument("--offline-batch", type=int, default=8)
     parser.add_argument("--server-max-qps", type=float, help="default 100 (--quick: 400)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per model")
@@ -367,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_duration_ms is None:
         args.min_duration_ms = 300 if args.quick else 1000
     if args.min_queries is None:
-        args.min_queries = 8 if args.quick else 16
+        args.min_queries = 8 if args.quick else SINGLE_STREAM_MIN_QUERIES
     if args.server_max_qps is None:
         args.server_max_qps = 400.0 if args.quick else 100.0
     if args.plan:

@@ -203,11 +203,13 @@ class DaemonSettings:
         return admin_socket_for(self.socket_path)
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
+def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` all at once: readers see the old file or the new one.
 
     The data goes to a temp file in the same folder (created if missing), is fsynced, then
     renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched.
+    ``mode``: the file's permission bits (default: owner-only, 0600, as ``mkstemp`` makes it),
+    set before the rename, so the file never appears with other bits.
     """
     import tempfile
 
@@ -215,6 +217,8 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

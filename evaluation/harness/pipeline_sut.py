@@ -13,21 +13,39 @@ a private event loop thread, as :class:`~trims.evaluation.harness.sut.GatewaySUT
 LoadGen's threads may call ``predict`` at once; a batch is sent as concurrent requests.
 :meth:`PipelineSUT.deploy` deploys the functions and the pipeline (e.g. the specs of
 ``examples/pipelines/digits``, read by :func:`example_specs`) and :meth:`close` removes them.
+
+:data:`PIPELINES` names the shipped pipeline that serves a manifest's model end to end
+(``digits-mlp``: PNG -> decode -> the MLP -> labels), how a raw dataset sample becomes its
+request body and how its answer becomes the metric's scores; ``trims evaluate run --sut
+pipeline`` evaluates those manifests (:func:`pipeline_specs` deploys the example with the
+harness's model file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trims.errors import TrimsError, Unavailable, ValidationError, error_from_dict
+import numpy as np
 
-__all__ = ["PipelineSUT", "example_specs", "parse_server_timing"]
+from trims.errors import NotFound, TrimsError, Unavailable, ValidationError, error_from_dict
+
+__all__ = [
+    "PIPELINES",
+    "PipelineExample",
+    "PipelineSUT",
+    "example_specs",
+    "parse_server_timing",
+    "pipeline_example",
+    "pipeline_specs",
+]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -246,3 +264,108 @@ def _error(status: int, body: bytes, doing: str) -> TrimsError:
     except (ValueError, KeyError, TypeError):
         text = body[:200].decode(errors="replace")
         return TrimsError(f"{doing}: the gateway answered {status}: {text}")
+
+
+@dataclass(frozen=True)
+class PipelineExample:
+    """A shipped pipeline that serves a manifest's model end to end (``--sut pipeline``).
+
+    ``folder``: the example (function specs and ``pipeline.json``) under ``examples/``;
+    ``content_type``: of each request body; ``raw``: a dataset split's raw samples and labels
+    (before the manifest's preprocessing, which the pipeline's own steps do); ``encode``: one
+    raw sample -> request body; ``scores``: the pipeline's answer -> a row of class scores for
+    the manifest's metric.
+    """
+
+    folder: str
+    content_type: str
+    raw: Callable[[str], tuple[Sequence[Any], Sequence[Any]]]
+    encode: Callable[[Any], bytes]
+    scores: Callable[[Any], np.ndarray]
+
+    def samples(self, split: str, limit: int) -> tuple[list[bytes], list[Any]]:
+        """At most ``limit`` request bodies of ``split`` and their labels, in dataset order."""
+        inputs, labels = self.raw(split)
+        n = min(limit, len(inputs))
+        return [self.encode(x) for x in inputs[:n]], [int(y) for y in labels[:n]]
+
+
+def _digits(split: str) -> tuple[Sequence[Any], Sequence[Any]]:
+    from trims.evaluation.harness.datasets import digits
+
+    images, labels = digits(split)
+    return list(images), list(labels)
+
+
+def _digit_png(image: Any) -> bytes:
+    """A digits image (16 grey levels) as the 8-bit grayscale PNG the pipeline decodes
+    (level x 15, as ``examples/pipelines/digits/prepare.py`` writes its samples)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray((np.asarray(image) * 15).astype(np.uint8), mode="L").save(out, format="PNG")
+    return out.getvalue()
+
+
+def _top_scores(answer: Any, classes: int = 10) -> np.ndarray:
+    """The labels step's ``{"top": [{"class", "score"}, ...]}`` -> a row of ``classes``
+    scores: the top classes' scores, -inf for the classes it left out."""
+    row = np.full(classes, -np.inf, dtype=np.float64)
+    try:
+        for entry in answer["top"]:
+            row[int(entry["class"])] = float(entry["score"])
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise TrimsError(
+            f"the pipeline answered {str(answer)[:120]}, not the labels step's "
+            '{"top": [{"class", "score"}]}'
+        ) from e
+    return row
+
+
+#: manifest name -> the pipeline example that serves its model
+PIPELINES: dict[str, PipelineExample] = {
+    "digits-mlp": PipelineExample(
+        "pipelines/digits", "image/png", _digits, _digit_png, _top_scores
+    ),
+}
+
+
+def examples_dir() -> Path:
+    """``examples/`` of the trims source checkout."""
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+def pipeline_example(manifest_name: str) -> PipelineExample:
+    """The pipeline serving ``manifest_name``; ValidationError listing those that exist."""
+    example = PIPELINES.get(manifest_name)
+    if example is None:
+        raise ValidationError(
+            f"no shipped pipeline serves {manifest_name!r}; the pipeline system under test "
+            f"evaluates {', '.join(sorted(PIPELINES))}",
+            field="sut",
+        )
+    folder = examples_dir() / example.folder
+    if not (folder / "pipeline.json").is_file():
+        raise NotFound(
+            f"the pipeline system under test deploys {folder}/pipeline.json of a trims source "
+            "checkout",
+            field="sut",
+        )
+    return example
+
+
+def pipeline_specs(
+    manifest_name: str, model_file: Path, *, executor: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The example's function and pipeline specs, the step that serves ``manifest_name``
+    reading ``model_file`` (built or checked by the harness) and every function placed on
+    ``executor`` (None: the gateway's default)."""
+    functions, pipeline = example_specs(examples_dir() / pipeline_example(manifest_name).folder)
+    for spec in functions:
+        spec["models"] = [
+            {**m, "source": str(model_file)} if m.get("name") == manifest_name else m
+            for m in spec.get("models", [])
+        ]
+        if executor is not None:
+            spec["executor"] = executor
+    return functions, pipeline

@@ -47,6 +47,7 @@ __all__ = [
     "BUILDERS",
     "MNIST_SHA256",
     "MNIST_WEIGHTS",
+    "MODEL_MODE",
     "MODULES",
     "AlsSettings",
     "als_reference",
@@ -328,8 +329,14 @@ BUILDERS: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 
 
+#: Permission bits of a built model: readable by every user, because the gateway's workers
+#: run as ``nobody`` when the gateway runs as root and open the file themselves.
+MODEL_MODE = 0o644
+
+
 def build(name: str, out_dir: Path) -> Path:
-    """Build ``prepare:<name>`` into ``out_dir/<name>.onnx`` (kept if already there)."""
+    """Build ``prepare:<name>`` into ``out_dir/<name>.onnx`` (kept if already there), written
+    atomically with mode :data:`MODEL_MODE` (0644)."""
     import onnx
 
     key = name.removeprefix("prepare:")
@@ -341,7 +348,7 @@ def build(name: str, out_dir: Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
         from trims.config import write_atomic
 
-        write_atomic(path, builder().SerializeToString())
+        write_atomic(path, builder().SerializeToString(), mode=MODEL_MODE)
         log.info("prepared %s at %s", key, path)
     onnx.checker.check_model(str(path))
     return path

@@ -316,8 +316,8 @@ def import_database(source: str, target: str) -> ImportReport:
 def report_entry(record: EvaluationRecord) -> dict[str, Any]:
     """The ``--json`` form of one evaluation: model, version, framework, scenario, sut, mode,
     valid, qps, latency_ms {p50, p90, p99, mean}, accuracy {metric, value, reference, dataset,
-    samples} or null, and where it came from (id, run_id, system_id, executor, batch, threads,
-    created_at, revision)."""
+    samples} or null, stages (a pipeline's per-stage latency percentiles, ms) or null, and where
+    it came from (id, run_id, system_id, executor, batch, threads, created_at, revision)."""
     e = record.evaluation
     return {
         "id": record.id,
@@ -336,6 +336,9 @@ def report_entry(record: EvaluationRecord) -> dict[str, Any]:
         "qps": e.qps,
         "latency_ms": None if e.latency is None else asdict(e.latency),
         "accuracy": None if e.accuracy is None else asdict(e.accuracy),
+        # per-stage latency percentiles of a pipeline run (Note [stages in the settings JSON]
+        # in run.py); None for other systems under test
+        "stages": e.settings.get("stages"),
         "system_id": record.system_id,
         "created_at": record.created_at,
         "revision": record.revision,

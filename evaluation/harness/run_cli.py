@@ -1,6 +1,6 @@
 """``trims evaluate run``: evaluate manifests under LoadGen and record every result.
 
-``trims evaluate run NAME_OR_FILE... --scenario S --mode M --sut direct|gateway`` plans one
+``trims evaluate run NAME_OR_FILE... --scenario S --mode M --sut direct|gateway|pipeline`` plans one
 evaluation per manifest and batch size (``--batch 1,4,16`` sweeps), checks every manifest
 before anything runs (validation, framework constraint, sources' sha256, builder, dataset:
 :func:`trims.evaluation.harness.run.check_manifest`), then runs them one after another. Each
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 SCENARIO_NAMES = ("single-stream", "multi-stream", "server", "offline")
 MODE_NAMES = ("performance", "accuracy", "both")
-SUT_NAMES = ("direct", "gateway")
+SUT_NAMES = ("direct", "gateway", "pipeline")
 EXECUTOR_NAMES = ("local", "docker")
 #: --quick: LoadGen runs this short (ms) with this many queries at least; results may be INVALID
 QUICK_DURATION_MS = 300
@@ -69,8 +69,11 @@ def configure(subparsers: Any) -> None:
         "--mode", choices=MODE_NAMES, default="performance",
         help="performance, accuracy, or both (two LoadGen runs; default performance)",
     )  # fmt: skip
-    parser.add_argument("--sut", choices=SUT_NAMES, default="direct",
-                        help="the system under test (default direct)")  # fmt: skip
+    parser.add_argument(
+        "--sut", choices=SUT_NAMES, default="direct",
+        help="the system under test: direct (default), gateway (a function), or pipeline (the "
+        "shipped pipeline serving the model, e.g. digits-mlp; per-stage latencies)",
+    )  # fmt: skip
     parser.add_argument(
         "--executor", choices=EXECUTOR_NAMES, default="local",
         help="the executor the gateway runs the function on (gateway only; default local)",
@@ -88,7 +91,7 @@ def configure(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--gateway", metavar="URL",
-        help="the gateway of --sut gateway (default $TRIMS_GATEWAY_URL)",
+        help="the gateway of --sut gateway and pipeline (default $TRIMS_GATEWAY_URL)",
     )  # fmt: skip
     parser.add_argument("--token", help="admin bearer token (default $TRIMS_TOKEN)")
     parser.add_argument(
@@ -198,7 +201,7 @@ def _plan(args: argparse.Namespace) -> list[Job]:
     batches = parse_batches(args.batch)
     if args.threads < 1 or args.workers < 1:
         raise ValidationError("--threads and --workers must be >= 1")
-    if args.sut != "gateway" and args.executor != "local":
+    if args.sut == "direct" and args.executor != "local":
         raise ValidationError(
             f"--executor {args.executor} places the gateway's function; use it with --sut gateway",
             field="executor",
@@ -289,6 +292,7 @@ def _json_entry(record: EvaluationRecord) -> dict[str, Any]:
         "qps": entry["qps"],
         "latency_ms": None if latency is None else {k: latency[k] for k in ("p50", "p90", "p99")},
         "accuracy": entry["accuracy"],
+        **({"stages": entry["stages"]} if entry["stages"] else {}),
     }
 
 
@@ -336,13 +340,13 @@ def run_run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     jobs = _plan(args)
     gateway = None
-    if args.sut == "gateway":
+    if args.sut in ("gateway", "pipeline"):
         from trims.runtime.functions_cli import find_token
 
         url = args.gateway or env.get("TRIMS_GATEWAY_URL")
         if not url:
             raise ValidationError(
-                "--sut gateway needs the gateway: pass --gateway URL or set $TRIMS_GATEWAY_URL",
+                f"--sut {args.sut} needs the gateway: pass --gateway URL or set $TRIMS_GATEWAY_URL",
                 field="gateway",
             )
         code_dir = args.code_dir or Path(__file__).resolve().parents[2] / "examples" / "onnx_zoo"
@@ -361,6 +365,9 @@ def run_run(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="trims-evaluate-") as tmp:
             work_dir = args.work_dir or Path(tmp)
+            if args.work_dir is None and args.sut != "direct":
+                # the gateway's workers (nobody when it runs as root) read the built models
+                Path(tmp).chmod(0o755)
             for index, job in enumerate(jobs, 1):
                 label = job.label(args.scenario, args.sut)
                 progress.start(index, label)

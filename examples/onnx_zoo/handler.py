@@ -13,15 +13,32 @@ import numpy as np
 
 from trims.runtime.functions import Context, Request
 
+#: ONNX Runtime's input type strings -> the NumPy dtype a feed is cast to.
+_DTYPES = {
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+    "tensor(int8)": np.int8,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(float16)": np.float16,
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+}
+
 
 def init(ctx: Context) -> None:
-    ctx.state["session"] = ctx.models["model"].onnx_session()
+    session = ctx.models["model"].onnx_session()
+    ctx.state["session"] = session
+    # Each input goes with the element type the model declares (an ALS model takes int64
+    # user indices, a classifier float32 pixels).
+    ctx.state["dtypes"] = {i.name: _DTYPES.get(i.type, np.float32) for i in session.get_inputs()}
 
 
 def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:
     session = ctx.state["session"]
+    dtypes = ctx.state["dtypes"]
     names = [o.name for o in session.get_outputs()]
-    feed = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in inputs.items()}
+    feed = {k: np.ascontiguousarray(v, dtype=dtypes.get(k, np.float32)) for k, v in inputs.items()}
     return dict(zip(names, session.run(names, feed), strict=True))
 
 

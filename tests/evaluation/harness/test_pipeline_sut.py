@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import io
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +28,10 @@ from trims.evaluation.harness.sut import DirectSUT
 __all__ = ["start_gateway"]
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "pipelines" / "digits"
+EVALUATION_KEYS = {
+    "model", "version", "framework", "scenario", "sut", "mode", "valid", "qps", "latency_ms",
+    "accuracy",
+}  # fmt: skip
 SAMPLES = 36
 STAGES = {"decode", "classify", "labels", "total"}
 
@@ -127,3 +132,38 @@ async def test_pipeline_sut_for_an_unknown_pipeline_is_not_found(
     gw = await start_gateway()
     with pytest.raises(NotFound, match="no pipeline named 'absent'"):
         await asyncio.to_thread(PipelineSUT, gw.url, "absent")
+
+
+async def test_pipe_cli(
+    tmp_path: Path, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    """``trims evaluate run digits-mlp --sut pipeline``: the digits pipeline evaluated end to
+    end, its accuracy the manifest's reference, each stage's latency percentiles in the JSON
+    (an extra "stages" key) and in the database row (a short name: AF_UNIX paths)."""
+    from trims.cli import main
+    from trims.evaluation.db import ResultsDB
+
+    gw = await start_gateway()
+    out, db = tmp_path / "out.json", tmp_path / "r.sqlite"
+    args = ["evaluate", "run", "digits-mlp", "--sut", "pipeline", "--gateway", gw.url,
+            "--mode", "both", "--min-duration", "0.2", "--min-queries", "16",
+            "--work-dir", str(tmp_path / "w"), "--db", str(db), "--json", str(out)]  # fmt: skip
+    assert await asyncio.to_thread(main, args) == 0
+    (entry,) = json.loads(out.read_text())["evaluations"]
+    assert entry["sut"] == "pipeline" and entry["model"] == "digits-mlp"
+    assert set(entry) == {*EVALUATION_KEYS, "stages"}
+    assert set(entry["stages"]) == STAGES
+    for figures in entry["stages"].values():
+        assert 0 <= figures["p50"] <= figures["p90"] <= figures["p99"]
+    accuracy = entry["accuracy"]
+    assert accuracy["samples"] == 450
+    assert abs(accuracy["value"] - accuracy["reference"]) <= 0.005, accuracy
+    results = ResultsDB(str(db), readonly=True)
+    try:
+        (record,) = results.evaluations()
+    finally:
+        results.close()
+    assert record.evaluation.sut == "pipeline"
+    assert record.evaluation.settings["stages"] == entry["stages"]
+    status, _ = await gw.get_json("/v1/pipelines/digits")
+    assert status == 404, "the evaluation removes the pipeline it deployed"
