@@ -28,14 +28,15 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from trims.errors import NotFound, TrimsError, Unavailable, ValidationError, error_from_dict
+from trims.errors import NotFound, TrimsError, ValidationError
+from trims.evaluation.harness.gateway_client import GatewayClient, gateway_error, put_specs
 
 __all__ = [
     "PIPELINES",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 
 def parse_server_timing(value: str) -> dict[str, float]:
@@ -106,38 +106,21 @@ class PipelineSUT:
         connections: int = 8,
         timeout_s: float = 120.0,
     ) -> None:
-        import aiohttp
-
         self.name = pipeline
-        self.url = url.rstrip("/")
         self.content_type = content_type
         self._query = "?outputs=true" if outputs else ""
         self._deployed: tuple[str, ...] = ()
         self._timings: list[dict[str, float]] = []
         self._lock = threading.Lock()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"pipeline-sut-{pipeline}", daemon=True
-        )
-        self._thread.start()
-
-        async def make_session() -> aiohttp.ClientSession:
-            return aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=connections),
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-                headers=headers,
-            )
-
+        self._client = GatewayClient(
+            url, name=f"pipeline-sut-{pipeline}", token=token, connections=connections,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        self.url = self._client.url
         try:
-            self._session = self._call(make_session())
+            self._client.call(self._client.json("GET", f"/v1/pipelines/{pipeline}"))
         except BaseException:
-            self._stop_loop()
-            raise
-        try:
-            self._call(self._json("GET", f"/v1/pipelines/{pipeline}"))
-        except BaseException:
-            self._shutdown()
+            self._client.close()
             raise
 
     @classmethod
@@ -151,31 +134,11 @@ class PipelineSUT:
         """Deploy ``functions`` (each PUT, replacing one of the same name) and ``pipeline``;
         :meth:`close` removes them again. ``options`` as for the constructor (``token`` must
         be an admin's)."""
-        import urllib.error
-        import urllib.request
-
         name = pipeline.get("name")
         if not isinstance(name, str):
             raise ValidationError("a pipeline system under test needs a pipeline spec with a name")
-        token = options.get("token")
-        headers = {
-            "Content-Type": "application/json",
-            **({"Authorization": f"Bearer {token}"} if token else {}),
-        }
-        base = url.rstrip("/")
         puts = [(f"/v1/functions/{f['name']}", f) for f in functions]
-        puts.append((f"/v1/pipelines/{name}", pipeline))
-        for path, doc in puts:
-            request = urllib.request.Request(
-                base + path, data=json.dumps(dict(doc)).encode(), method="PUT", headers=headers
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    response.read()
-            except urllib.error.HTTPError as e:
-                raise _error(e.code, e.read(), f"PUT {path}") from None
-            except urllib.error.URLError as e:
-                raise Unavailable(f"cannot reach the gateway at {url}: {e.reason}") from e
+        put_specs(url, [*puts, (f"/v1/pipelines/{name}", pipeline)], options.get("token"))
         log.info(
             "pipeline %s and its %d functions deployed on %s for a pipeline system under test",
             name,
@@ -187,18 +150,8 @@ class PipelineSUT:
         sut._deployed = (f"/v1/pipelines/{name}", *made)
         return sut
 
-    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _json(self, method: str, path: str) -> Any:
-        async with self._session.request(method, self.url + path) as r:
-            body = await r.read()
-            if r.status >= 400:
-                raise _error(r.status, body, f"{method} {path}")
-            return json.loads(body) if body else None
-
     def predict(self, batch: list[Any]) -> list[Any]:
-        return self._call(self._predict(batch))
+        return self._client.call(self._predict(batch))
 
     async def _predict(self, batch: list[Any]) -> list[Any]:
         if not batch:
@@ -214,10 +167,12 @@ class PipelineSUT:
             )
         path = f"/v1/pipelines/{self.name}/invoke{self._query}"
         headers = {"Content-Type": self.content_type}
-        async with self._session.post(self.url + path, data=bytes(sample), headers=headers) as r:
+        async with self._client.session.post(
+            self.url + path, data=bytes(sample), headers=headers
+        ) as r:
             body = await r.read()
             if r.status >= 400:
-                raise _error(r.status, body, f"invoking pipeline {self.name}")
+                raise gateway_error(r.status, body, f"invoking pipeline {self.name}")
             timing = parse_server_timing(r.headers.get("Server-Timing", ""))
             json_body = "json" in r.headers.get("Content-Type", "")
         if timing:
@@ -238,32 +193,15 @@ class PipelineSUT:
 
     def close(self) -> None:
         """Close the connection pool, and remove what :meth:`deploy` made."""
-        if not self._thread.is_alive():
+        if not self._client.open:
             return
         try:
             for path in self._deployed:
-                self._call(self._json("DELETE", path))
+                self._client.call(self._client.json("DELETE", path))
             if self._deployed:
                 log.info("pipeline %s and its functions removed from %s", self.name, self.url)
         finally:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        self._call(self._session.close())
-        self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-
-def _error(status: int, body: bytes, doing: str) -> TrimsError:
-    try:
-        return error_from_dict(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        text = body[:200].decode(errors="replace")
-        return TrimsError(f"{doing}: the gateway answered {status}: {text}")
+            self._client.close()
 
 
 @dataclass(frozen=True)

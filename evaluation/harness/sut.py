@@ -24,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trims.errors import TrimsError, Unavailable, ValidationError, error_from_dict
+from trims.errors import TrimsError, ValidationError
+from trims.evaluation.harness.gateway_client import GatewayClient, gateway_error, put_specs
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "DirectSUT",
@@ -46,7 +49,6 @@ log = logging.getLogger(__name__)
 
 #: One sample's outputs: output name -> that sample's array.
 Output = dict[str, np.ndarray]
-_T = TypeVar("_T")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 #: Open Inference Protocol datatypes of the NumPy dtypes a model takes or gives.
@@ -360,31 +362,19 @@ class GatewaySUT:
         connections: int = 8,
         timeout_s: float = 120.0,
     ) -> None:
-        import aiohttp
 
         self.name = model
-        self.url = url.rstrip("/")
         self.binary = binary
         self._deployed = False
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"gateway-sut-{model}", daemon=True
-        )
-        self._thread.start()
-
-        async def make_session() -> aiohttp.ClientSession:
-            return aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=connections),
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-                headers=self._headers,
-            )
-
-        self._session = self._call(make_session())
+        self._client = GatewayClient(
+            url, name=f"gateway-sut-{model}", token=token, connections=connections,
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        self.url = self._client.url
         try:
-            meta = self._call(self._json("GET", f"/v2/models/{model}"))
+            meta = self._client.call(self._client.json("GET", f"/v2/models/{model}"))
         except BaseException:
-            self._shutdown()
+            self._client.close()
             raise
         self.inputs = tuple(t["name"] for t in meta["inputs"])
         self.datatypes = {t["name"]: t["datatype"] for t in meta["inputs"]}
@@ -394,48 +384,23 @@ class GatewaySUT:
     def deploy(cls, url: str, spec: Mapping[str, Any], **options: Any) -> GatewaySUT:
         """Deploy ``spec`` (it must declare ``serves``) and invoke it; :meth:`close` removes
         the function again. ``options`` as for the constructor (``token`` must be an admin's)."""
-        import urllib.error
-        import urllib.request
-
         name = spec.get("name")
         if not isinstance(name, str) or "serves" not in spec:
             raise ValidationError(
                 "a gateway system under test needs a function spec with a name and 'serves'"
             )
-        token = options.get("token")
-        request = urllib.request.Request(
-            f"{url.rstrip('/')}/v1/functions/{name}",
-            data=json.dumps(dict(spec)).encode(),
-            method="PUT",
-            headers={
-                "Content-Type": "application/json",
-                **({"Authorization": f"Bearer {token}"} if token else {}),
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                response.read()
-        except urllib.error.HTTPError as e:
-            raise _error(e.code, e.read(), f"deploying function {name}") from None
-        except urllib.error.URLError as e:
-            raise Unavailable(f"cannot reach the gateway at {url}: {e.reason}") from e
+        put_specs(url, [(f"/v1/functions/{name}", spec)], options.get("token"))
         log.info("function %s deployed on %s for a gateway system under test", name, url)
         sut = cls(url, name, **options)
         sut._deployed = True
         return sut
 
-    def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _json(self, method: str, path: str) -> Any:
-        async with self._session.request(method, self.url + path) as r:
-            body = await r.read()
-            if r.status >= 400:
-                raise _error(r.status, body, f"{method} {path}")
-            return json.loads(body) if body else None
+    @property
+    def _session(self) -> aiohttp.ClientSession:
+        return self._client.session
 
     def predict(self, batch: list[Any]) -> list[Any]:
-        return self._call(self._predict(batch))
+        return self._client.call(self._predict(batch))
 
     async def _predict(self, batch: list[Any]) -> list[Output]:
         chunks = _chunks(batch, self.max_batch)
@@ -449,34 +414,20 @@ class GatewaySUT:
         async with self._session.post(self.url + path, data=body, headers=headers) as r:
             payload = await r.read()
             if r.status >= 400:
-                raise _error(r.status, payload, f"inferring {self.name}")
+                raise gateway_error(r.status, payload, f"inferring {self.name}")
             outputs = decode_response(payload, r.headers.get(HEADER_LENGTH))
         return _split(outputs, len(chunk))
 
     def close(self) -> None:
         """Close the connection pool, and remove the function when :meth:`deploy` made it."""
-        if not self._thread.is_alive():
+        if not self._client.open:
             return
         try:
             if self._deployed:
-                self._call(self._json("DELETE", f"/v1/functions/{self.name}"))
+                self._client.call(self._client.json("DELETE", f"/v1/functions/{self.name}"))
                 log.info("function %s removed from %s", self.name, self.url)
         finally:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        self._call(self._session.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-
-def _error(status: int, body: bytes, doing: str) -> TrimsError:
-    try:
-        return error_from_dict(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        text = body[:200].decode(errors="replace")
-        return TrimsError(f"{doing}: the gateway answered {status}: {text}")
+            self._client.close()
 
 
 def encode_request(

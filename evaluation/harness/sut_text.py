@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trims.errors import NotFound, TrimsError, ValidationError
-from trims.evaluation.harness.sut import DirectSUT, GatewaySUT, Output, _error
+from trims.evaluation.harness.gateway_client import gateway_error
+from trims.evaluation.harness.sut import DirectSUT, GatewaySUT, Output
 
 if TYPE_CHECKING:
     from trims.evaluation.harness.manifest import Manifest, Tokenization
@@ -213,7 +214,7 @@ class TextFunctionSUT(GatewaySUT):
         async with self._session.post(self.url + path, data=body, headers=headers) as r:
             payload = await r.read()
             if r.status >= 400:
-                raise _error(r.status, payload, f"invoking {self.name}")
+                raise gateway_error(r.status, payload, f"invoking {self.name}")
         embeddings = _embeddings(payload, len(chunk), self.name)
         return [{self.output: row} for row in embeddings]
 
