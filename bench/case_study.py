@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -116,23 +115,13 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     return steps
 
 
-def bare_p50_ms(sut: Any, inputs: list[Any], seconds: float) -> float:
-    """The median of a plain loop of ``predict([sample])`` calls for ``seconds`` (>= 32)."""
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    i = 0
-    while time.perf_counter() < deadline or len(times) < 32:
-        x = [inputs[i % len(inputs)]]
-        t0 = time.perf_counter_ns()
-        sut.predict(x)
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-        i += 1
-    return statistics.median(times)
-
-
 def harness_overhead(manifest: Any, work_dir: Path, seconds: float) -> float:
     """The bare-loop p50 of the direct ONNX Runtime SUT over the manifest's samples."""
-    from trims.evaluation.harness.run import manifest_model_file, manifest_samples
+    from trims.evaluation.harness.run import (
+        bare_loop_p50_ms,
+        manifest_model_file,
+        manifest_samples,
+    )
     from trims.evaluation.harness.sut import DirectSUT
 
     path = manifest_model_file(manifest, work_dir)
@@ -141,7 +130,7 @@ def harness_overhead(manifest: Any, work_dir: Path, seconds: float) -> float:
     try:
         for x in samples.inputs[:8]:
             sut.predict([x])
-        return bare_p50_ms(sut, list(samples.inputs), seconds)
+        return bare_loop_p50_ms(sut, list(samples.inputs), seconds, min_calls=32)
     finally:
         sut.close()
 

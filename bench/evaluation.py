@@ -33,7 +33,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -91,20 +90,6 @@ def prepare_model(name: str, root: Path) -> tuple[Path, list[Any]]:
     return path, [rng.random((3, 224, 224), dtype="f4") for _ in range(32)]
 
 
-def bare_p50_ms(sut: Any, samples: list[Any], seconds: float) -> float:
-    """The median of a plain loop of ``predict([sample])`` calls for ``seconds``."""
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    i = 0
-    while time.perf_counter() < deadline or len(times) < 64:
-        x = [samples[i % len(samples)]]
-        t0 = time.perf_counter_ns()
-        sut.predict(x)
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-        i += 1
-    return statistics.median(times)
-
-
 def entry(result: Any) -> dict[str, Any]:
     return {
         "valid": result.valid,
@@ -117,7 +102,7 @@ def entry(result: Any) -> dict[str, Any]:
 
 def harness_overhead(direct: Any, data: Any, args: argparse.Namespace) -> dict[str, Any]:
     from trims.evaluation.harness.loadgen import LoadGenSettings
-    from trims.evaluation.harness.run import run_scenario
+    from trims.evaluation.harness.run import bare_loop_p50_ms, run_scenario
 
     settings = LoadGenSettings(
         min_duration_ms=args.min_duration_ms, min_query_count=args.min_queries
@@ -126,7 +111,7 @@ def harness_overhead(direct: Any, data: Any, args: argparse.Namespace) -> dict[s
         direct.predict([data.inputs[0]])
     bare, looped = [], []
     for _ in range(args.repeat):
-        bare.append(bare_p50_ms(direct, list(data.inputs), args.min_duration_ms / 1000))
+        bare.append(bare_loop_p50_ms(direct, list(data.inputs), args.min_duration_ms / 1000))
         result = run_scenario(direct, data, "single-stream", "performance", settings).performance
         looped.append(result.latency_ms["p50"])
     b, lg = statistics.median(bare), statistics.median(looped)

@@ -43,6 +43,7 @@ __all__ = [
     "ManifestRun",
     "SampleSet",
     "ScenarioRun",
+    "bare_loop_p50_ms",
     "check_manifest",
     "manifest_model_file",
     "manifest_samples",
@@ -115,6 +116,24 @@ class ScenarioRun:
         """The outputs in sample-index order (after an accuracy run, which answers each
         sample once)."""
         return [self.outputs[i] for i in sorted(self.outputs)]
+
+
+def bare_loop_p50_ms(
+    sut: SystemUnderTest, samples: Sequence[Any], seconds: float, min_calls: int = 64
+) -> float:
+    """The median latency (ms) of a plain loop of ``predict([sample])`` calls for ``seconds``
+    (and at least ``min_calls``): the baseline LoadGen's SingleStream p50 is compared with."""
+    import statistics
+    import time
+
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < min_calls:
+        x = [samples[len(times) % len(samples)]]
+        t0 = time.perf_counter_ns()
+        sut.predict(x)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return statistics.median(times)
 
 
 def run_scenario(
