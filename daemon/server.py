@@ -1,9 +1,5 @@
 """The daemon's socket server: two Unix sockets, one task per connection, fds over SCM_RIGHTS.
 
-asyncio streams cannot pass descriptors, so connections are raw non-blocking sockets: the server
-waits for readability with ``loop.add_reader`` and reads with ``recv``, and writes with
-``socket.sendmsg`` (waiting for writability on EAGAIN).
-
 Lifecycle: ``start()`` binds both sockets and starts accepting; ``close()`` stops accepting,
 removes the socket files, closes every connection (ending its leases). A bad frame closes only
 the connection that sent it; an error in one request answers only that request.
@@ -24,29 +20,21 @@ Every limit is per peer first, so one client cannot deny service to the others:
   :mod:`trims.daemon.limits`): at the limit the daemon stops reading instead of growing.
 * **Read timeout.** A frame that has started arriving must be complete within
   ``read_timeout`` seconds, else the connection gets a ``timeout`` error frame and is closed.
-* **Idle timeout.** See Note [idle connections]: only connections without leases and without
-  requests in flight are closed after ``idle_timeout`` seconds of silence.
+* **Idle timeout.** See Note [idle connections] in :mod:`trims.daemon.connection`: only
+  connections without leases and without requests in flight are closed after
+  ``idle_timeout`` seconds of silence.
 * **Malformed frames.** Every decode failure is a ProtocolError (``trims.protocol``); it is
   answered with a ``protocol`` error frame, counted by reason (``trims_protocol_errors``), and
   closes that connection only.
 * **Logs.** Warnings about one uid's frames and connections go through a per-uid token bucket
   (``peer_log_burst`` per ``peer_log_interval``); the rest are summarized as "suppressed N".
 
-Note [idle connections]
-~~~~~~~~~~~~~~~~~~~~~~~
-Leases belong to the connection (Note [lease keeps memory alive] in :mod:`trims.daemon.leases`):
-closing a connection ends its leases. A function instance that maps a model may not send a
-byte for hours and must keep its model, so the idle timeout never applies to a connection that
-holds a lease or has a request in flight (an ``acquire`` waiting for a load, an ``add``
-downloading). It applies only to connections that hold nothing: they cost a slot and a
-descriptor, and closing them loses nothing but the socket. The idle clock starts at accept and
-restarts with every byte received and every request that completes. The close is announced
-with an ``unavailable`` error frame (id null; retryable): reconnect when the store is needed.
+Each accepted socket becomes a :class:`trims.daemon.connection.Connection`, which reads,
+dispatches and answers; this module binds, accepts within the slots and closes.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import grp
 import itertools
@@ -54,38 +42,24 @@ import logging
 import os
 import socket
 import stat
-import time
-from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
 
 from trims.config import DaemonSettings
+from trims.daemon.connection import Connection, spawn
 from trims.daemon.limits import ConnectionSlots, PeerLog, ReadBudget
 from trims.daemon.metrics import DaemonMetrics
-from trims.daemon.ops import dispatch
-from trims.daemon.store import Caller, Progress, Reply, Store
+from trims.daemon.store import Store
 from trims.errors import (
-    ProtocolError,
     QueueFull,
-    Timeout,
-    TrimsError,
     Unavailable,
     ValidationError,
 )
-from trims.protocol import FrameDecoder, PeerCredentials, encode_frame, peer_credentials
+from trims.protocol import PeerCredentials, encode_frame, peer_credentials
 
 log = logging.getLogger(__name__)
 
-#: Bytes read from a socket at once (and reserved from the read budget before each read).
-READ_CHUNK = 64 << 10
-#: Most requests of one connection in flight; the connection is not read until one finishes.
-MAX_IN_FLIGHT = 64
-#: A peer that does not read its replies for this long is disconnected (seconds).
-SEND_TIMEOUT = 30.0
 #: Pause after a failed accept (e.g. out of descriptors) before trying again (seconds).
 ACCEPT_RETRY = 0.5
-#: Progress frames of one request are sent at most this often (seconds).
-PROGRESS_INTERVAL = 0.2
 
 
 def _bind(path: Path, mode: int, group: str | None) -> socket.socket:
@@ -125,327 +99,6 @@ def _bind(path: Path, mode: int, group: str | None) -> socket.socket:
     sock.listen(128)
     sock.setblocking(False)
     return sock
-
-
-def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    """A named task whose failure is logged, never left as an unretrieved exception."""
-    task = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_reap)
-    return task
-
-
-def _reap(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    error = task.exception()
-    if error is not None:
-        log.error("%s failed (%r); the daemon goes on", task.get_name(), error, exc_info=error)
-
-
-class _Close(Exception):
-    """Ends a connection: ``error`` is sent to the peer, ``reason`` labels the metric."""
-
-    def __init__(self, reason: str, error: TrimsError, what: str) -> None:
-        super().__init__(what)
-        self.reason = reason
-        self.error = error
-        self.what = what
-
-
-class Connection:
-    """One client connection: its socket, credentials, request tasks and send lock."""
-
-    def __init__(
-        self, server: Server, sock: socket.socket, ident: int, admin: bool, peer: PeerCredentials
-    ) -> None:
-        self.server = server
-        self.sock = sock
-        self.ident = ident
-        self.peer = peer
-        # The admin socket is 0600 already; a peer that is neither the owner nor root (e.g.
-        # after someone loosened the mode) still gets only the client operations.
-        admin = admin and peer.uid in (os.getuid(), 0)
-        self.caller = Caller(ident, peer, admin)
-        self._send_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._loop = asyncio.get_running_loop()
-        #: Requests started and not yet answered (see Note [idle connections]).
-        self._in_flight = 0
-        self._last_active = self._loop.time()
-        #: Bytes this connection holds of the server's read budget (Note [read budget]).
-        self._held = 0
-        self._waiter: asyncio.Future[bool] | None = None
-
-    async def serve(self) -> None:
-        try:
-            await self._read_loop()
-        except _Close as close:
-            await self._close_with(close)
-        except (ConnectionError, OSError) as e:
-            log.debug("connection of pid %d ended: %s", self.peer.pid, e)
-        finally:
-            self.server.read_budget.release(self._held)
-            self._held = 0
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _read_loop(self) -> None:
-        limits = self.server.settings.limits
-        budget = self.server.read_budget
-        decoder = FrameDecoder(limits.max_request_frame, max_fds=0)
-        frame_started = self._loop.time()
-        while True:
-            mid_frame = decoder.buffered > 0
-            await self._wait_readable(mid_frame, frame_started)
-            if mid_frame:
-                try:
-                    async with asyncio.timeout_at(frame_started + limits.read_timeout):
-                        reserved = await budget.reserve(READ_CHUNK)
-                except TimeoutError:
-                    raise self._timeout("read_timeout") from None
-            else:
-                reserved = await budget.reserve(READ_CHUNK)
-            self._held += reserved
-            try:
-                data = self.sock.recv(reserved)
-            except BlockingIOError:
-                data = None
-            if data == b"":
-                return
-            if data:
-                now = self._loop.time()
-                self._last_active = now
-                completed = False
-                try:
-                    for message in decoder.feed(data):
-                        await self._slots.acquire()
-                        self._start(message)
-                        completed = True
-                except ProtocolError as e:
-                    raise _Close("protocol", e, f"sent a bad frame ({e.message})") from e
-                if not mid_frame or completed:
-                    # Note: set after any wait for request slots, so a client whose pipelined
-                    # requests the daemon is slow to take is not blamed for the delay.
-                    frame_started = self._loop.time()
-            budget.release(self._held - decoder.buffered)
-            self._held = decoder.buffered
-
-    async def _wait_readable(self, mid_frame: bool, frame_started: float) -> None:
-        """Return once the socket is readable; raise _Close when a timeout ends the connection."""
-        limits = self.server.settings.limits
-        while True:
-            deadline: float | None = None
-            reason = ""
-            if mid_frame:
-                deadline, reason = frame_started + limits.read_timeout, "read_timeout"
-            elif limits.idle_timeout and self._idle():
-                deadline, reason = self._last_active + limits.idle_timeout, "idle"
-            now = self._loop.time()
-            if deadline is not None and now >= deadline:
-                raise self._timeout(reason)
-            if await self._readable(None if deadline is None else deadline - now):
-                return
-
-    def _idle(self) -> bool:
-        """Whether the idle timeout applies now (Note [idle connections])."""
-        return self._in_flight == 0 and not self.server.store.leases.held_by(self.ident)
-
-    async def _readable(self, timeout: float | None) -> bool:
-        """True when the socket is readable; False after ``timeout`` or a request finishing."""
-        waiter: asyncio.Future[bool] = self._loop.create_future()
-
-        def ready() -> None:
-            if not waiter.done():
-                waiter.set_result(True)
-
-        fd = self.sock.fileno()
-        self._waiter = waiter
-        self._loop.add_reader(fd, ready)
-        try:
-            async with asyncio.timeout(timeout):
-                return await waiter
-        except TimeoutError:
-            return False
-        finally:
-            self._loop.remove_reader(fd)
-            self._waiter = None
-
-    def _wake(self) -> None:
-        """A request finished: the reader re-checks whether the idle timeout applies."""
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(False)
-
-    def _timeout(self, reason: str) -> _Close:
-        limits = self.server.settings.limits
-        if reason == "idle":
-            t = limits.idle_timeout
-            return _Close(
-                reason,
-                Unavailable(
-                    f"connection closed after {t:g} s without requests or leases "
-                    "(--idle-timeout); reconnect when you need the store"
-                ),
-                f"was idle for {t:g} s without leases or requests",
-            )
-        t = limits.read_timeout
-        return _Close(
-            reason,
-            Timeout(
-                f"a request frame started arriving but was not complete within {t:g} s "
-                "(--read-timeout); send each frame whole"
-            ),
-            f"left a frame incomplete for {t:g} s",
-        )
-
-    async def _close_with(self, close: _Close) -> None:
-        """Count, log (rate-limited per uid) and announce why the daemon closes the connection."""
-        metrics = self.server.metrics
-        metrics.connections_closed.labels(close.reason).inc()
-        metrics.errors.labels(close.error.code).inc()
-        if close.reason == "protocol":
-            metrics.protocol_errors.labels(str(close.error.details.get("reason", "other"))).inc()
-        self.server.peer_log.log(
-            logging.INFO if close.reason == "idle" else logging.WARNING,
-            self.peer.uid,
-            "client pid %d (uid %d) %s; connection closed",
-            self.peer.pid,
-            self.peer.uid,
-            close.what,
-        )
-        await self._send_quietly({"id": None, "ok": False, "error": close.error.to_dict()})
-
-    def _start(self, message: dict[str, Any]) -> None:
-        self._in_flight += 1
-        task = spawn(self._handle(message), f"request {message.get('op')!r} of {self.ident}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _handle(self, message: dict[str, Any]) -> None:
-        rid = message.get("id")
-        valid_id = isinstance(rid, int) and not isinstance(rid, bool)
-        reply: Reply | None = None
-        try:
-            try:
-                reply = await self._answer(message, rid)
-                frame: dict[str, Any] = {"id": rid, "ok": True, "result": reply.result}
-                fds: Sequence[int] = reply.fds
-            except TrimsError as e:
-                self.server.metrics.errors.labels(e.code).inc()
-                frame, fds = (
-                    {"id": rid if valid_id else None, "ok": False, "error": e.to_dict()},
-                    (),
-                )
-            await self._reply(frame, fds)
-        finally:
-            if reply is not None and reply.close_fds:
-                for fd in reply.fds:
-                    os.close(fd)
-            self._in_flight -= 1
-            self._last_active = self._loop.time()
-            self._slots.release()
-            self._wake()
-
-    async def _reply(self, frame: dict[str, Any], fds: Sequence[int]) -> None:
-        try:
-            try:
-                await self.send(frame, fds)
-            except ProtocolError as e:
-                # The reply itself breaks the frame limits (e.g. a gigantic manifest).
-                log.error("reply to pid %d cannot be framed (%s); sent an error", self.peer.pid, e)
-                error = TrimsError(f"the reply cannot be sent ({e.message}); see the daemon log")
-                await self.send({"id": frame.get("id"), "ok": False, "error": error.to_dict()})
-        except (ConnectionError, OSError) as e:
-            log.info(
-                "reply to pid %d not delivered (%s); its connection is closing", self.peer.pid, e
-            )
-
-    async def _answer(self, message: dict[str, Any], rid: object) -> Reply:
-        """Dispatch one request; any failure comes out as a TrimsError."""
-        pending: list[asyncio.Task[None]] = []
-        try:
-            if not isinstance(rid, int) or isinstance(rid, bool):
-                raise ValidationError("request 'id' must be an integer")
-            op = message.get("op")
-            progress = self._progress(rid, pending) if op in ("add", "load") else None
-            try:
-                return await dispatch(
-                    self.server.store,
-                    self.caller,
-                    op,
-                    message.get("args", {}),
-                    progress,
-                    self.server.settings.admin_socket_path.name,
-                )
-            finally:
-                # progress frames go out before the final reply
-                await asyncio.gather(*pending)
-        except (asyncio.CancelledError, TrimsError):
-            raise
-        except Exception as e:
-            log.exception("request %r of pid %d failed", message.get("op"), self.peer.pid)
-            # Only the store's owner sees the cause: it may name host paths.
-            cause = f": {e}" if self.caller.admin else ""
-            raise TrimsError(
-                f"internal error in {message.get('op')!r}{cause}; see the daemon log"
-            ) from e
-
-    def _progress(self, rid: int, pending: list[asyncio.Task[None]]) -> Progress:
-        """A thread-safe progress callback that sends throttled progress frames."""
-        loop = self._loop
-        last_stage, last_at = [""], [0.0]
-
-        def schedule(frame: dict[str, Any]) -> None:
-            pending.append(spawn(self._send_quietly(frame), f"progress of request {rid}"))
-
-        def report(stage: str, done: int, total: int | None) -> None:
-            now = time.monotonic()
-            final = total is not None and done >= total
-            if stage == last_stage[0] and not final and now - last_at[0] < PROGRESS_INTERVAL:
-                return
-            last_stage[0], last_at[0] = stage, now
-            frame = {"id": rid, "progress": {"stage": stage, "done": done, "total": total}}
-            loop.call_soon_threadsafe(schedule, frame)
-
-        return report
-
-    async def _send_quietly(self, frame: dict[str, Any]) -> None:
-        try:
-            await self.send(frame)
-        except (ConnectionError, OSError):
-            pass
-
-    async def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        """Send one frame, its descriptors attached to the first byte."""
-        data = memoryview(encode_frame(message, len(fds)))
-        anc = (
-            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-        )
-        async with self._send_lock:
-            while data:
-                try:
-                    sent = self.sock.sendmsg([data], anc)
-                except BlockingIOError:
-                    await self._writable()
-                    continue
-                anc = []
-                data = data[sent:]
-
-    async def _writable(self) -> None:
-        ready: asyncio.Future[None] = self._loop.create_future()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        self._loop.add_writer(self.sock.fileno(), wake)
-        try:
-            await asyncio.wait_for(ready, SEND_TIMEOUT)
-        except TimeoutError as e:
-            raise ConnectionError(f"peer did not read for {SEND_TIMEOUT:.0f} s") from e
-        finally:
-            self._loop.remove_writer(self.sock.fileno())
 
 
 class Server:
