@@ -184,7 +184,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     """Whether the daemon has spoken or hung up on an idle connection between requests.
 
     Between requests nothing is due, so a readable socket means the daemon closed it (an idle
-    connection without leases, Note [idle connections] in ``trims.daemon.server``). Such a
+    connection without leases, Note [idle connections] in ``trims.daemon.connection``). Such a
     connection held no leases, so a fresh one loses nothing.
     """
     readable, _, _ = select.select([sock], [], [], 0)
