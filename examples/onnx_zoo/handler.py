@@ -27,7 +27,17 @@ _DTYPES = {
 
 
 def init(ctx: Context) -> None:
-    session = ctx.models["model"].onnx_session()
+    # config.threads (an evaluation sets it to match the direct run) caps ONNX Runtime's
+    # intra-op pool; without it the session uses one thread per core.
+    threads = ctx.config.get("threads")
+    options = None
+    if threads is not None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+    session = ctx.models["model"].onnx_session(sess_options=options)
     ctx.state["session"] = session
     # Each input goes with the element type the model declares (an ALS model takes int64
     # user indices, a classifier float32 pixels).
