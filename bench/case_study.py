@@ -5,7 +5,7 @@
     python bench/case_study.py --plan                     # what would run, as JSON; runs nothing
 
 Every model is a shipped manifest (``trims evaluate manifests``) evaluated with the harness's
-own API (:func:`trims.evaluation.harness.run.run_manifest`) in SingleStream and Offline, and in
+own API (:func:`.manifest_run.run_manifest`) in SingleStream and Offline, and in
 Server for ``--server-models``, on two systems under test: ``direct`` (the model in this
 process) and ``gateway`` (deployed as a function on a ``trims gateway --no-auth`` subprocess
 this script starts on 127.0.0.1, port 0, local executor, and invoked over the Open Inference
@@ -98,7 +98,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         QUICK_MODELS if args.quick else DEFAULT_SERVER_MODELS)  # fmt: skip
     from trims.evaluation.harness.function import shipped_manifests
     from trims.evaluation.harness.manifest import load_manifest
-    from trims.evaluation.harness.run import SUT_KINDS
+    from trims.evaluation.harness.manifest_run import SUT_KINDS
 
     shipped = shipped_manifests()
     unknown = sorted(set(models) - set(shipped))
@@ -117,11 +117,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def harness_overhead(manifest: Any, work_dir: Path, seconds: float) -> float:
     """The bare-loop p50 of the direct ONNX Runtime SUT over the manifest's samples."""
-    from trims.evaluation.harness.run import (
-        bare_loop_p50_ms,
-        manifest_model_file,
-        manifest_samples,
-    )
+    from trims.evaluation.harness.manifest_run import manifest_model_file, manifest_samples
+    from trims.evaluation.harness.run import bare_loop_p50_ms
     from trims.evaluation.harness.sut import DirectSUT
 
     path = manifest_model_file(manifest, work_dir)
@@ -140,7 +137,7 @@ class Study:
 
     def __init__(self, args: argparse.Namespace, url: str, root: Path, db: str) -> None:
         from trims.evaluation.harness.loadgen import LoadGenSettings
-        from trims.evaluation.harness.run import GatewayTarget
+        from trims.evaluation.harness.manifest_run import GatewayTarget
 
         self.args = args
         self.db = db
@@ -174,8 +171,8 @@ class Study:
 
     def step(self, manifest: Any, scenario: str, sut: str) -> None:
         from trims.errors import TrimsError
+        from trims.evaluation.harness.manifest_run import run_manifest
         from trims.evaluation.harness.results import record_evaluation, report_entry
-        from trims.evaluation.harness.run import run_manifest
 
         mode = "both" if manifest.accuracy is not None else "performance"
         settings, batch = self.settings(manifest.name, scenario, sut)

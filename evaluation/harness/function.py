@@ -226,8 +226,8 @@ def _config_path(ctx: Context, key: str, default: Path) -> str:
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
     from trims.config import data_dir
     from trims.evaluation.harness.manifest import load_manifest
+    from trims.evaluation.harness.manifest_run import check_manifest, run_manifest
     from trims.evaluation.harness.results import describe_system, record_evaluation, report_entry
-    from trims.evaluation.harness.run import check_manifest, run_manifest
 
     req = checked(request.json())
     executor = str(ctx.config.get("executor") or "local")

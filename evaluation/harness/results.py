@@ -337,7 +337,7 @@ def report_entry(record: EvaluationRecord) -> dict[str, Any]:
         "latency_ms": None if e.latency is None else asdict(e.latency),
         "accuracy": None if e.accuracy is None else asdict(e.accuracy),
         # per-stage latency percentiles of a pipeline run (Note [stages in the settings JSON]
-        # in run.py); None for other systems under test
+        # in manifest_run.py); None for other systems under test
         "stages": e.settings.get("stages"),
         "system_id": record.system_id,
         "created_at": record.created_at,

@@ -3,7 +3,7 @@
 ``trims evaluate run NAME_OR_FILE... --scenario S --mode M --sut direct|gateway|pipeline`` plans one
 evaluation per manifest and batch size (``--batch 1,4,16`` sweeps), checks every manifest
 before anything runs (validation, framework constraint, sources' sha256, builder, dataset:
-:func:`trims.evaluation.harness.run.check_manifest`), then runs them one after another. Each
+:func:`.manifest_run.check_manifest`), then runs them one after another. Each
 finished evaluation is recorded at once in the results database, one transaction each, so an
 interrupted run leaves exactly the finished ones. Progress goes to stderr (one line per
 evaluation; a bar while LoadGen runs when stderr is a terminal), a table to stdout at the end,
@@ -196,7 +196,7 @@ def _settings(args: argparse.Namespace) -> LoadGenSettings:
 def _plan(args: argparse.Namespace) -> list[Job]:
     """Every evaluation, after every check: all problems in one ValidationError."""
     from trims.evaluation.harness.manifest import load_manifest
-    from trims.evaluation.harness.run import check_manifest
+    from trims.evaluation.harness.manifest_run import check_manifest
 
     batches = parse_batches(args.batch)
     if args.threads < 1 or args.workers < 1:
@@ -328,13 +328,13 @@ def _table(records: list[EvaluationRecord], out: TextIO) -> None:
 
 def run_run(args: argparse.Namespace) -> int:
     from trims.evaluation.db import ResultsDB
+    from trims.evaluation.harness.manifest_run import GatewayTarget, run_manifest
     from trims.evaluation.harness.results import (
         default_db_url,
         describe_system,
         project_revision,
         record_evaluation,
     )
-    from trims.evaluation.harness.run import GatewayTarget, run_manifest
 
     env = os.environ
     settings = _settings(args)

@@ -45,7 +45,7 @@ def resolve_model(model: str, work_dir: Path | None = None) -> str:
     if source.builder is not None and source.builder.startswith(_WORKLOAD_BUILDERS):
         return source.builder
     if manifest.model.format == "onnx":
-        from trims.evaluation.harness.run import manifest_model_file
+        from trims.evaluation.harness.manifest_run import manifest_model_file
 
         folder = work_dir or Path(tempfile.mkdtemp(prefix="trims-trace-"))
         return str(manifest_model_file(manifest, folder))

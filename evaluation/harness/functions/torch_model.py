@@ -5,7 +5,7 @@ torch_function_spec` writes: ``config.manifest`` is the manifest (its JSON form;
 must be ``package:`` references, as there is no manifest folder here), ``config.input`` and
 ``config.output`` the tensor names served over the Open Inference Protocol, ``config.threads``
 torch's intra-op threads. ``init`` builds the module as the direct system under test does
-(:func:`trims.evaluation.harness.run.torch_model`: the manifest's builder, or its state dict
+(:func:`.manifest_run.torch_model`: the manifest's builder, or its state dict
 mapped from the store), so both systems under test run the same weights.
 """
 
@@ -23,7 +23,7 @@ def init(ctx: Context) -> None:
     import torch
 
     from trims.evaluation.harness.manifest import Manifest
-    from trims.evaluation.harness.run import torch_model
+    from trims.evaluation.harness.manifest_run import torch_model
 
     torch.set_num_threads(int(ctx.config.get("threads", 1)))
     manifest = Manifest.model_validate(ctx.config["manifest"])

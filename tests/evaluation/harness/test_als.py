@@ -16,7 +16,7 @@ from tests.runtime.gateway.conftest import RunningGateway
 from trims.evaluation.harness import prepare
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
-from trims.evaluation.harness.run import (
+from trims.evaluation.harness.manifest_run import (
     GatewayTarget,
     ManifestRun,
     metric_predictions,

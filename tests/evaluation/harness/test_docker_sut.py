@@ -28,8 +28,8 @@ from tests.fixtures.store import DaemonProcess
 from trims.evaluation.db import ResultsDB
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
+from trims.evaluation.harness.manifest_run import GatewayTarget, manifest_model_file, run_manifest
 from trims.evaluation.harness.results import record_evaluation
-from trims.evaluation.harness.run import GatewayTarget, manifest_model_file, run_manifest
 from trims.runtime.client import StoreClient
 from trims.runtime.executors.docker import LABEL_FUNCTION
 
@@ -169,7 +169,7 @@ async def test_trims_evaluate_run_with_the_docker_executor_records_it(
     tmp_path: Path,
 ) -> None:
     """The command line, without a store: the container loads the model file staged beside
-    its handler (Note [functions in containers] in run.py)."""
+    its handler (Note [functions in containers] in manifest_run.py)."""
     url = await start_docker_gateway(None)
     out, db_path = tmp_path / "out.json", tmp_path / "results.sqlite"
     argv = [

@@ -19,13 +19,12 @@ from tests.fixtures.store import DaemonProcess
 from trims.cli import main
 from trims.evaluation.harness import accuracy, prepare
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
-from trims.evaluation.harness.run import (
-    SampleSet,
+from trims.evaluation.harness.manifest_run import (
     manifest_model_file,
     manifest_samples,
     run_manifest,
-    run_scenario,
 )
+from trims.evaluation.harness.run import SampleSet, run_scenario
 from trims.evaluation.harness.sut import DirectSUT
 
 pytest.importorskip(

@@ -20,7 +20,8 @@ from tests.evaluation.harness.test_sut import (
 from tests.runtime.gateway.conftest import RunningGateway
 from trims.errors import ValidationError
 from trims.evaluation.harness.loadgen import LoadGenSettings
-from trims.evaluation.harness.run import SampleSet, run_manifest, run_scenario
+from trims.evaluation.harness.manifest_run import run_manifest
+from trims.evaluation.harness.run import SampleSet, run_scenario
 from trims.evaluation.harness.sut import DirectSUT, GatewaySUT, onnx_function_spec
 
 __all__ = ["start_gateway"]

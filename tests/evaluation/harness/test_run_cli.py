@@ -22,7 +22,7 @@ from tests.runtime.gateway.conftest import RunningGateway
 from trims.cli import main
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import load_manifest, shipped_manifest_paths
-from trims.evaluation.harness.run import GatewayTarget, run_manifest
+from trims.evaluation.harness.manifest_run import GatewayTarget, run_manifest
 
 __all__ = ["start_gateway"]
 

@@ -16,7 +16,7 @@ from tests.evaluation.harness.test_sut import ONNX_HANDLER, start_gateway
 from tests.runtime.gateway.conftest import RunningGateway
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
-from trims.evaluation.harness.run import GatewayTarget, manifest_samples, run_manifest
+from trims.evaluation.harness.manifest_run import GatewayTarget, manifest_samples, run_manifest
 from trims.evaluation.harness.sut_text import (
     TextFunctionSUT,
     direct_text_sut,
