@@ -32,6 +32,7 @@ import numpy as np
 
 from trims.errors import TrimsError, ValidationError
 from trims.evaluation.harness.gateway_client import GatewayClient, gateway_error, put_specs
+from trims.oip import DTYPES, HEADER_LENGTH
 
 if TYPE_CHECKING:
     import aiohttp
@@ -50,22 +51,6 @@ log = logging.getLogger(__name__)
 #: One sample's outputs: output name -> that sample's array.
 Output = dict[str, np.ndarray]
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-#: Open Inference Protocol datatypes of the NumPy dtypes a model takes or gives.
-_DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
 #: ONNX Runtime's type strings -> Open Inference Protocol datatypes.
 _ORT_TYPES = {
     "tensor(bool)": "BOOL",
@@ -180,7 +165,7 @@ class DirectSUT:
 
         def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             cast = {
-                k: np.ascontiguousarray(v, dtype=_DATATYPES[types[k] or "FP32"])
+                k: np.ascontiguousarray(v, dtype=DTYPES[types[k] or "FP32"])
                 for k, v in feeds.items()
             }
             return dict(zip(outputs, session.run(outputs, cast), strict=True))
@@ -430,6 +415,14 @@ class GatewaySUT:
             self._client.close()
 
 
+def _numeric(datatype: str, what: str) -> np.dtype[Any]:
+    """The NumPy dtype of a numeric Open Inference Protocol datatype (BYTES is not one)."""
+    dtype = DTYPES.get(datatype)
+    if dtype is None or dtype.kind == "O":
+        raise TrimsError(f"{what} is {datatype}: only numeric tensors are encoded and decoded")
+    return dtype
+
+
 def encode_request(
     feeds: Mapping[str, np.ndarray], datatypes: Mapping[str, str], binary: bool = True
 ) -> tuple[bytes, dict[str, str]]:
@@ -438,7 +431,7 @@ def encode_request(
     blobs: list[bytes] = []
     for name, array in feeds.items():
         datatype = datatypes.get(name, "FP32")
-        data = np.ascontiguousarray(array, dtype=_DATATYPES[datatype])
+        data = np.ascontiguousarray(array, dtype=_numeric(datatype, f"input {name}"))
         entry: dict[str, Any] = {"name": name, "shape": list(data.shape), "datatype": datatype}
         if binary:
             blob = data.tobytes()
@@ -463,11 +456,7 @@ def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndar
     offset = n
     outputs: dict[str, np.ndarray] = {}
     for entry in doc["outputs"]:
-        dtype = _DATATYPES.get(entry["datatype"])
-        if dtype is None:
-            raise TrimsError(
-                f"output {entry['name']} is {entry['datatype']}: only numeric tensors are decoded"
-            )
+        dtype = _numeric(entry["datatype"], f"output {entry['name']}")
         size = (entry.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             array = np.frombuffer(body, dtype=dtype, count=size // dtype.itemsize, offset=offset)

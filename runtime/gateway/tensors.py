@@ -20,25 +20,9 @@ from typing import Any
 import numpy as np
 
 from trims.errors import RequestError
+from trims.oip import DTYPES, HEADER_LENGTH
 from trims.runtime.functions.spec import ServedModel, TensorMeta
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-
-DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
-}
 _BY_KIND = {(d.kind, d.itemsize): n for n, d in DTYPES.items() if n != "BYTES"}
 
 
