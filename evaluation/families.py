@@ -82,10 +82,15 @@ def build(source: str, device: str = "cpu") -> torch.nn.Module:
 
 def export(source: str, batch: int = 1) -> onnx.ModelProto:
     """Export ``torch:<arch>`` to ONNX (opset 17) for input ``[batch, 3, 224, 224]``."""
+    return export_module(build(source), source, batch)
+
+
+def export_module(module: Any, name: str, batch: int = 1) -> onnx.ModelProto:
+    """Export an image model taking ``[batch, 3, 224, 224]`` to ONNX (opset 17), the graph
+    named ``name``: input ``data``, output ``logits``."""
     import onnx
     import torch
 
-    module = build(source)
     buffer = io.BytesIO()
     # the TorchScript exporter is deprecated since PyTorch 2.9, but its successor needs
     # onnxscript, which is not a dependency; the warning says nothing the caller can act on
@@ -101,8 +106,8 @@ def export(source: str, batch: int = 1) -> onnx.ModelProto:
             dynamo=False,
         )
     model = onnx.load_from_string(buffer.getvalue())
-    model.graph.name = source
-    log.debug("exported %s: %d nodes", source, len(model.graph.node))
+    model.graph.name = name
+    log.debug("exported %s: %d nodes", name, len(model.graph.node))
     return model
 
 

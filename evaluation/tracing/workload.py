@@ -27,11 +27,9 @@ its own model span, so each run's latency is read from its span, never from the 
 from __future__ import annotations
 
 import importlib.util
-import io
 import logging
 import threading
 import time
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -223,34 +221,12 @@ def _example_module() -> Any:
     return module.eval().to(torch.float32)
 
 
-def _export(module: Any, name: str, batch: int) -> onnx.ModelProto:
-    """A module exported to ONNX as :func:`trims.evaluation.families.export` does."""
-    import onnx
-    import torch
-
-    buffer = io.BytesIO()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(
-            module,
-            (torch.zeros(batch, 3, 224, 224),),
-            buffer,  # type: ignore[arg-type]  # the TorchScript exporter takes file objects
-            input_names=["data"],
-            output_names=["logits"],
-            opset_version=17,
-            dynamo=False,
-        )
-    model = onnx.load_from_string(buffer.getvalue())
-    model.graph.name = name
-    return model
-
-
 def _onnx_source(name: str, batch: int) -> onnx.ModelProto:
     """The ONNX form of any model name, before preparation."""
     from trims.evaluation import families, graph
 
     if name == EXAMPLE:
-        return _export(_example_module(), name, batch)
+        return families.export_module(_example_module(), name, batch)
     if families.is_family(name):
         return families.export(name, batch)
     return graph.load(name)[1]
