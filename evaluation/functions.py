@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from trims.errors import ValidationError
 from trims.evaluation import families, zoo
 from trims.evaluation.analyses import ANALYSES, MODEL_SETS, analyze, expand_models, make_settings
+from trims.evaluation.requests import typed_fields
 
 if TYPE_CHECKING:
     import onnx
@@ -94,19 +95,7 @@ def onnx_model(model: Any, key: str) -> onnx.ModelProto:
 
 
 def _checked(body: dict[str, Any], own: Collection[str]) -> dict[str, Any]:
-    unknown = sorted(set(body) - set(_FIELDS) - {"analysis"})
-    if unknown:
-        raise ValidationError(f"unknown settings {unknown}; a request may give {sorted(_FIELDS)}")
-    out: dict[str, Any] = {}
-    for key, types in _FIELDS.items():
-        if key not in body:
-            continue
-        value = body[key]
-        # bool is an int in Python, but "threads": true is a mistake
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = " or ".join(t.__name__ for t in types)
-            raise ValidationError(f"setting {key!r} must be {names}, got {value!r}")
-        out[key] = value
+    out = typed_fields(body, _FIELDS, also={"analysis"})
     if "models" in out:
         listed = out["models"] if isinstance(out["models"], list) else [out["models"]]
         names = expand_models(",".join(str(m) for m in listed))

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from trims.errors import TrimsError, ValidationError
 from trims.evaluation.harness.loadgen import SCENARIOS, LoadGenSettings
 from trims.evaluation.harness.run import RUN_MODES
+from trims.evaluation.requests import check_type, typed_fields
 
 if TYPE_CHECKING:
     from trims.runtime.functions import Context, Request
@@ -121,13 +122,6 @@ def shipped_manifests() -> dict[str, Path]:
     return {path.stem: path for path in shipped_manifest_paths()}
 
 
-def _typed(key: str, value: Any, types: tuple[type, ...]) -> None:
-    # bool is an int in Python, but "batch": true is a mistake
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        names = " or ".join("object" if t is dict else t.__name__ for t in types)
-        raise ValidationError(f"setting {key!r} must be {names}, got {value!r}", field=key)
-
-
 def _loadgen_settings(given: Mapping[str, Any]) -> LoadGenSettings:
     fields = {f.name: f for f in dataclasses.fields(LoadGenSettings)}
     unknown = sorted(set(given) - set(SETTINGS_LIMITS))
@@ -143,7 +137,7 @@ def _loadgen_settings(given: Mapping[str, Any]) -> LoadGenSettings:
         types: tuple[type, ...] = (str,) if key == "mlperf_benchmark" else (int,)
         if "float" in str(fields[key].type):
             types = (int, float)
-        _typed(field, value, types)
+        check_type(field, value, types)
         bound = SETTINGS_LIMITS[key]
         if isinstance(value, int | float) and (value < 0 or (bound is not None and value > bound)):
             raise ValidationError(
@@ -166,22 +160,14 @@ def checked(body: object) -> EvaluateRequest:
             f'"{"|".join(SCENARIOS)}", "mode": "{"|".join(RUN_MODES)}", "batch": B, '
             '"threads": T, "settings": {"min_duration_ms": 2000}}'
         )
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise ValidationError(f"unknown settings {unknown}; a request may give {sorted(FIELDS)}")
-    out: dict[str, Any] = {}
-    for key, types in FIELDS.items():
-        if key not in body:
-            continue
-        value = body[key]
-        _typed(key, value, types)
+    out = typed_fields(body, FIELDS)
+    for key, value in out.items():
         if key in LIMITS and key != "models" and not 1 <= value <= LIMITS[key]:
             raise ValidationError(
                 f"setting {key!r} must be between 1 and {LIMITS[key]} for the evaluate function, "
                 f"got {value!r}",
                 field=key,
             )
-        out[key] = value
     models = out.pop("models")
     names = [models] if isinstance(models, str) else models
     shipped = shipped_manifests()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from trims.errors import ValidationError
 from trims.evaluation import families, zoo
+from trims.evaluation.requests import typed_fields
 from trims.evaluation.tracing.run import make_request, trace
 from trims.evaluation.tracing.workload import EXAMPLE
 
@@ -55,22 +56,12 @@ def checked(body: object) -> dict[str, Any]:
             '"framework": "torch|onnxruntime|mxnet", '
             '"level": "model|layer|library|kernel|full", "runs": N, "batch": B}'
         )
-    unknown = sorted(set(body) - set(_FIELDS))
-    if unknown:
-        raise ValidationError(f"unknown settings {unknown}; a request may give {sorted(_FIELDS)}")
-    out: dict[str, Any] = {}
-    for key, types in _FIELDS.items():
-        if key not in body:
-            continue
-        value = body[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = " or ".join(t.__name__ for t in types)
-            raise ValidationError(f"setting {key!r} must be {names}, got {value!r}")
+    out = typed_fields(body, _FIELDS)
+    for key, value in out.items():
         if key in LIMITS and isinstance(value, int | float) and value > LIMITS[key]:
             raise ValidationError(
                 f"setting {key!r} is at most {LIMITS[key]:g} for the trace function, got {value!r}"
             )
-        out[key] = value
     model = out["model"]
     allowed = set(zoo.zoo_names()) | set(families.FAMILIES) | {EXAMPLE}
     if model not in allowed:
