@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import REPO, machine, markdown_table, start_gateway, write_json
+from runtime_common import REPO, machine, markdown_table, start_gateway, write_report
 
 ONNX_HANDLER = REPO / "examples" / "onnx_zoo"
 #: The full study: real weights first (accuracy), then the performance-only models.
@@ -375,11 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.pop("TRIMS_SOCKET", None)
     doc = run(args)
-    write_json(args.json, doc)
-    text = tables(doc)
-    if args.json is not None:
-        args.json.with_suffix(".md").write_text(text)
-    print(text)
+    write_report(args.json, doc, tables(doc))
     return 0
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import REPO, machine, markdown_table, start_gateway, write_json
+from runtime_common import REPO, machine, markdown_table, start_gateway, write_report
 
 ONNX_HANDLER = REPO / "examples" / "onnx_zoo"
 SCENARIOS = ("single-stream", "multi-stream", "server", "offline")
@@ -242,11 +242,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.pop("TRIMS_SOCKET", None)
     doc = run(args)
-    write_json(args.json, doc)
-    text = tables(doc)
-    if args.json is not None:
-        args.json.with_suffix(".md").write_text(text)
-    print(text)
+    write_report(args.json, doc, tables(doc))
     return 0
 
 

@@ -86,6 +86,17 @@ def write_json(path: Path | None, doc: dict[str, Any]) -> None:
     write_atomic(path, text + "\n")
 
 
+def write_report(path: Path | None, doc: dict[str, Any], text: str) -> None:
+    """The JSON at ``path`` and its markdown ``text`` beside it (``.md``), each written
+    atomically, then ``text`` on stdout; without ``path`` the JSON goes to stdout too."""
+    write_json(path, doc)
+    if path is not None:
+        from trims.config import write_atomic
+
+        write_atomic(path.with_suffix(".md"), text)
+    print(text)
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in rows:

@@ -14,10 +14,13 @@ is the leveling target: within 3%), and the share of model time the layer spans 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from runtime_common import write_report
+
+from trims.config import write_atomic
 
 START, END = "<!-- bench:tracing:start -->", "<!-- bench:tracing:end -->"
 
@@ -88,16 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     from trims.evaluation.db import system_id
 
     machine = f"{system_id()}, {args.threads} intra-op thread(s)"
-    args.json.write_text(json.dumps({"results": rows, "machine": machine}, indent=2) + "\n")
     table = markdown(rows, machine)
-    args.json.with_suffix(".md").write_text(table)
-    print(table)
+    write_report(args.json, {"results": rows, "machine": machine}, table)
     if args.docs is not None:
         text = args.docs.read_text()
         if START in text and END in text:
             head, rest = text.split(START, 1)
             _, tail = rest.split(END, 1)
-            args.docs.write_text(f"{head}{START}\n{table}{END}{tail}")
+            write_atomic(args.docs, f"{head}{START}\n{table}{END}{tail}")
     return 0
 
 

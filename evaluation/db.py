@@ -59,6 +59,7 @@ __all__ = [
     "ResultKey",
     "ResultsDB",
     "TraceRecord",
+    "cpu_model",
     "system_id",
 ]
 
@@ -222,18 +223,21 @@ class ResultKey:
     variant: str
 
 
-def system_id() -> str:
-    """CPU model and core count, e.g. ``Intel(R) Xeon(R) ... x2``."""
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (the platform's name elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model} x{os.cpu_count() or 1}"
+    return platform.processor() or platform.machine()
+
+
+def system_id() -> str:
+    """CPU model and core count, e.g. ``Intel(R) Xeon(R) ... x2``."""
+    return f"{cpu_model()} x{os.cpu_count() or 1}"
 
 
 #: SQLAlchemy exception (by name, most specific first) -> the trims error and what to do

@@ -36,6 +36,7 @@ from trims.evaluation.db import (
     Latency,
     ResultsDB,
     TraceRecord,
+    cpu_model,
 )
 
 log = logging.getLogger(__name__)
@@ -85,17 +86,6 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     """sha256 of a manifest's canonical JSON (sorted keys, no spaces, UTF-8)."""
     canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _memory_bytes() -> int | None:
@@ -157,7 +147,7 @@ def _framework_versions() -> dict[str, str]:
 @functools.cache
 def _system() -> str:
     hardware: dict[str, Any] = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count() or 1,
         "arch": platform.machine(),
         "memory_bytes": _memory_bytes(),
