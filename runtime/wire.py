@@ -107,7 +107,7 @@ class FrameReader:
             if end - pos < total:
                 break
             start = pos + HEADER_SIZE
-            meta: dict[str, Any] = json.loads(buf[start : start + meta_len]) if meta_len else {}
+            meta = _meta(buf[start : start + meta_len]) if meta_len else {}
             body = bytes(buf[start + meta_len : pos + total])
             try:
                 frames.append(Frame(rid, Kind(kind), meta, body))
@@ -117,6 +117,18 @@ class FrameReader:
         if pos:
             del buf[:pos]
         return frames
+
+
+def _meta(raw: bytearray) -> dict[str, Any]:
+    """A frame's meta: a JSON object, or ProtocolError (a peer sending anything else is broken
+    or hostile, and its connection ends like any other protocol violation)."""
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ProtocolError(f"bad frame meta: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"bad frame meta: a JSON {type(meta).__name__}, not an object")
+    return meta
 
 
 # --- arrays (the INFER body) --------------------------------------------------------------

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -12,6 +16,7 @@ from trims.runtime.wire import (
     encode_arrays,
     encode_frame,
 )
+from trims.runtime.worker.client import ConnectionLost, WorkerConnection
 
 
 def _bytes(buffers: list[bytes]) -> bytes:
@@ -80,3 +85,41 @@ def test_truncated_array_body_is_a_protocol_error() -> None:
         decode_arrays(body[:-8])
     with pytest.raises(ProtocolError):
         decode_arrays(b"\x00\x00\x00\x05{oops")
+
+
+def _raw_frame(meta: bytes, kind: Kind = Kind.HELLO) -> bytes:
+    """A frame whose meta bytes are exactly ``meta`` (a broken or hostile peer's)."""
+    return HEADER.pack(HEADER.size - 4 + len(meta), 0, kind, len(meta)) + meta
+
+
+@pytest.mark.parametrize("meta", [b"{not json", b"\xff\xfe", b"[1, 2]", b'"text"', b"[" * 100_000])
+def test_meta_that_is_not_a_json_object_is_a_protocol_error(meta: bytes) -> None:
+    with pytest.raises(ProtocolError, match="bad frame meta"):
+        FrameReader().feed(_raw_frame(meta))
+
+
+async def test_a_worker_sending_malformed_meta_ends_the_connection_cleanly(
+    tmp_path: Path,
+) -> None:
+    """The client ends the connection with a clear reason; nothing reaches asyncio's
+    exception handler (the bug: JSONDecodeError escaped ``data_received``)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+
+    async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_raw_frame(b"{not json"))
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        writer.close()
+
+    path = tmp_path / "w.sock"
+    server = await asyncio.start_unix_server(worker, path=str(path))
+    try:
+        conn = await WorkerConnection.open(f"unix:{path}")
+        with pytest.raises(ConnectionLost, match="malformed frame: bad frame meta"):
+            await asyncio.wait_for(conn.hello(), 30)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert unhandled == []
