@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from trims.errors import NotFound, Timeout, Unavailable, UpstreamError
+from trims.errors import NotFound, Timeout, Unavailable, UpstreamError, ValidationError
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
     ConnectionLost,
@@ -257,3 +257,15 @@ async def terminate_all(instances: Sequence[W], grace_s: float) -> list[tuple[W,
         *(i.terminate(grace_s) for i in instances), return_exceptions=True
     )
     return [(i, r) for i, r in zip(instances, results, strict=True) if isinstance(r, BaseException)]
+
+
+def refuse_environment(spec: FunctionSpec, executor: str) -> None:
+    """At deploy on a container executor: a spec's ``environment`` names an interpreter on the
+    gateway's host, which a container does not have; its image is its environment."""
+    if spec.environment is not None:
+        raise ValidationError(
+            f"environment {spec.environment!r} names an interpreter on the gateway's host, which "
+            f"the {executor} executor's containers do not have: give the function an image "
+            "that holds what it needs instead, or deploy it with the local executor",
+            field="environment",
+        )

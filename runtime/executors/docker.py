@@ -42,7 +42,13 @@ from typing import Any, TypeVar
 
 from trims.config import default_socket, format_size
 from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
-from trims.runtime.executors.base import Instance, WorkerInstance, pop_managed, terminate_all
+from trims.runtime.executors.base import (
+    Instance,
+    WorkerInstance,
+    pop_managed,
+    refuse_environment,
+    terminate_all,
+)
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.access import User, check_code_as
@@ -356,6 +362,7 @@ class DockerExecutor:
         (the bind-mounted ``code_dir``: the directory and the handler module, not its host
         ancestors). Only a root caller can take that user's ids to check; others run
         containers as themselves."""
+        refuse_environment(spec, self.name)
         if os.getuid() != 0 or spec.code_dir is None:
             return
         uid, _, gid = self._user.partition(":")

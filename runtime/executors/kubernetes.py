@@ -42,7 +42,13 @@ from trims.errors import (
     Unavailable,
     ValidationError,
 )
-from trims.runtime.executors.base import Instance, WorkerInstance, pop_managed, terminate_all
+from trims.runtime.executors.base import (
+    Instance,
+    WorkerInstance,
+    pop_managed,
+    refuse_environment,
+    terminate_all,
+)
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
 
@@ -557,8 +563,10 @@ class KubernetesExecutor:
         return self._core
 
     def check(self, spec: FunctionSpec) -> None:
-        """Nothing to check at deploy: the code is in the image, which the pod runs as a
-        non-root user (its securityContext); the kubelet reports what it cannot start."""
+        """At deploy, only that the spec names no host environment: the code is in the image,
+        which the pod runs as a non-root user (its securityContext); the kubelet reports what
+        it cannot start."""
+        refuse_environment(spec, self.name)
 
     def manifest(self, spec: FunctionSpec, instance_id: str) -> dict[str, Any]:
         return pod_manifest(

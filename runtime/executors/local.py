@@ -6,6 +6,13 @@ cold-start baseline). Either way the worker confines itself (memory limit, ``run
 dies with its parent) before it loads function code, writes its log to
 ``<state_dir>/<instance>.log``, and gets ``TRIMS_SOCKET`` so its models come from the store.
 
+A function may name an environment (``environment: mxnet`` in its spec): another interpreter,
+declared once in the settings (``environments={"mxnet": "/venv/bin/python"}``), for frameworks
+that cannot live beside the others (MXNet 1.9.1 needs ``numpy<1.24``). Each environment gets
+its own zygote, started on first use with the same preload list (modules it lacks are skipped),
+and the environment must have trims installed. A spec naming an environment the settings do not
+declare is refused at deploy.
+
 Function code never runs as root (Note [function code never runs as root] in
 :mod:`trims.runtime.worker.sandbox`): an executor running as root runs workers as ``run_as``,
 by default ``trims`` if that user exists, else ``nobody``; ``run_as`` naming root is refused.
@@ -67,6 +74,24 @@ class LocalExecutorSettings:
     otlp_endpoint: str | None = None
     #: Extra environment for every worker (the function's own env is added on top).
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Named interpreters functions may ask for (``environment`` in the spec), e.g.
+    #: ``{"mxnet": "/opt/mxnet-venv/bin/python"}``; each needs trims installed.
+    environments: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def python_for(self, environment: str | None) -> str:
+        """The interpreter for a spec's ``environment`` (None: :attr:`python`)."""
+        if environment is None:
+            return self.python
+        try:
+            return self.environments[environment]
+        except KeyError:
+            declared = ", ".join(sorted(self.environments)) or "none"
+            raise ValidationError(
+                f"environment {environment!r} is not declared on this gateway (declared: "
+                f"{declared}); start the gateway with --environment {environment}=/path/to/"
+                "bin/python, or drop the function's environment",
+                field="environment",
+            ) from None
 
 
 class _Process(Protocol):
@@ -197,9 +222,10 @@ class LocalExecutor:
             self._warn_unreadable_runtime(self._user)
         self._own_state_dir = settings.state_dir is None
         self._state_dir: Path | None = settings.state_dir
-        self._zygote: Zygote | None = None
+        #: One zygote per environment (None: the default interpreter), started on first use.
+        self._zygotes: dict[str | None, Zygote] = {}
         self._zygote_lock = asyncio.Lock()
-        self._zygote_failed = False
+        self._zygote_failed: set[str | None] = set()
         self._instances: dict[str, LocalInstance] = {}
         self._closed = False
 
@@ -222,6 +248,7 @@ class LocalExecutor:
     def check(self, spec: FunctionSpec) -> None:
         """At deploy: ValidationError if the user workers run as cannot read the function's
         code (checked as that user; without root, workers run as this process's user)."""
+        self.settings.python_for(spec.environment)
         if self._user is not None:
             check_code_as(spec, self._user)
 
@@ -237,8 +264,10 @@ class LocalExecutor:
 
     @property
     def zygote_pid(self) -> int | None:
-        """The running zygote's pid (None before the first start or with zygote=False)."""
-        return self._zygote.process.pid if self._zygote is not None else None
+        """The default environment's zygote's pid (None before the first start or with
+        zygote=False)."""
+        zygote = self._zygotes.get(None)
+        return zygote.process.pid if zygote is not None else None
 
     @property
     def instances(self) -> Sequence[Instance]:
@@ -254,29 +283,36 @@ class LocalExecutor:
         return env
 
     async def prepare(self) -> None:
-        """Start the zygote now rather than on the first cold start (no-op without zygote)."""
-        await self._zygote_or_none()
+        """Start the default environment's zygote now rather than on the first cold start
+        (no-op without zygote); other environments' start on their first instance."""
+        await self._zygote_or_none(None)
 
-    async def _get_zygote(self) -> Zygote:
+    async def _get_zygote(self, environment: str | None) -> Zygote:
         async with self._zygote_lock:
-            if self._zygote is None or not self._zygote.alive():
-                if self._zygote is not None:
-                    await self._zygote.close()
-                self._zygote = await Zygote.start(
-                    python=self.settings.python, preload=self.settings.preload,
+            zygote = self._zygotes.get(environment)
+            if zygote is None or not zygote.alive():
+                if zygote is not None:
+                    await zygote.close()
+                zygote = await Zygote.start(
+                    python=self.settings.python_for(environment), preload=self.settings.preload,
                     env=self._base_env(),
                 )  # fmt: skip
-            return self._zygote
+                self._zygotes[environment] = zygote
+                if environment is not None:
+                    log.info("environment %s: zygote %d (%s) preloaded %s", environment,
+                             zygote.process.pid, self.settings.python_for(environment),
+                             ", ".join(zygote.preloaded) or "nothing")  # fmt: skip
+            return zygote
 
-    async def _zygote_or_none(self) -> Zygote | None:
-        """The zygote, or None in spawn mode or when it cannot start (instances then spawn:
-        slower cold starts, but the function still runs)."""
-        if not self.settings.zygote or self._zygote_failed:
+    async def _zygote_or_none(self, environment: str | None) -> Zygote | None:
+        """The environment's zygote, or None in spawn mode or when it cannot start (instances
+        then spawn: slower cold starts, but the function still runs)."""
+        if not self.settings.zygote or environment in self._zygote_failed:
             return None
         try:
-            return await self._get_zygote()
+            return await self._get_zygote(environment)
         except Unavailable as e:
-            self._zygote_failed = True
+            self._zygote_failed.add(environment)
             log.error("%s; starting instances as fresh interpreters instead", e.message)
             return None
 
@@ -318,7 +354,8 @@ class LocalExecutor:
                 env[name.upper()] = carrier[name]
         cwd = spec.code_dir or str(state)
         process: _Process
-        zygote = await self._zygote_or_none()
+        python = self.settings.python_for(spec.environment)
+        zygote = await self._zygote_or_none(spec.environment)
         if zygote is not None:
             argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid)
             process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
@@ -326,7 +363,7 @@ class LocalExecutor:
             argv = self._worker_argv(spec, instance_id, socket_path, os.getpid())
             with log_path.open("ab") as logf:
                 spawned = await asyncio.create_subprocess_exec(
-                    self.settings.python, "-m", "trims", "worker", *argv,
+                    python, "-m", "trims", "worker", *argv,
                     stdin=asyncio.subprocess.DEVNULL, stdout=logf, stderr=logf, env=env, cwd=cwd,
                     start_new_session=True,
                 )  # fmt: skip
@@ -351,8 +388,8 @@ class LocalExecutor:
         for instance, error in await terminate_all(instances, 5.0):
             log.warning("instance %s of %s could not be stopped: %s",
                         instance.id, instance.function, error)  # fmt: skip
-        if self._zygote is not None:
-            await self._zygote.close()
-            self._zygote = None
+        zygotes, self._zygotes = list(self._zygotes.values()), {}
+        for zygote in zygotes:
+            await zygote.close()
         if self._own_state_dir and self._state_dir is not None:
             shutil.rmtree(self._state_dir, ignore_errors=True)

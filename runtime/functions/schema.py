@@ -65,6 +65,12 @@ FUNCTION_SCHEMA: dict[str, Any] = {
         },
         "image": {"type": "string", "minLength": 1},
         "executor": {"type": "string", "pattern": "^[a-z][a-z0-9-]{0,62}$"},
+        "environment": {
+            "type": "string",
+            "description": "the Python environment the local executor runs the function in, by "
+            "the name the gateway declares (--environment NAME=PYTHON); default: the gateway's",
+            "pattern": "^[a-z][a-z0-9-]{0,62}$",
+        },
         "models": {
             "type": "array",
             "items": {

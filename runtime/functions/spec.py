@@ -29,6 +29,7 @@ __all__ = [
     "Scaling",
     "ServedModel",
     "TensorMeta",
+    "environment_name",
     "load_spec_file",
     "parse_spec",
 ]
@@ -51,7 +52,7 @@ DATATYPES = (
 )  # fmt: skip
 SPEC_KEYS = frozenset(
     {"name", "handler", "code_dir", "image", "models", "resources", "scaling", "env", "config",
-     "executor", "serves"}
+     "executor", "serves", "environment"}
 )  # fmt: skip
 
 
@@ -134,11 +135,15 @@ class FunctionSpec:
     #: Executor name ("local", "docker", "kubernetes"); None = the gateway's default.
     executor: str | None = None
     serves: ServedModel | None = None
+    #: The Python environment the local executor runs the function in, by the name the
+    #: gateway's settings give it (``--environment mxnet=/venv/bin/python``); None = the
+    #: gateway's own interpreter. Checked at deploy.
+    environment: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form; ``parse_spec(spec.to_dict()) == spec``."""
         out: dict[str, Any] = {"name": self.name}
-        for key in ("handler", "code_dir", "image", "executor"):
+        for key in ("handler", "code_dir", "image", "executor", "environment"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -372,6 +377,20 @@ def _executor(value: Any) -> str | None:
     return value
 
 
+def environment_name(value: Any) -> str | None:
+    """An environment name; the gateway checks at deploy that its settings declare it."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _EXECUTOR_RE.fullmatch(value):
+        raise _fail(
+            "environment",
+            "must be an environment name the gateway declares, such as mxnet "
+            "(1-63 lowercase letters, digits or '-', starting with a letter)",
+            value,
+        )
+    return value
+
+
 def _code_dir(value: Any) -> str | None:
     """An absolute path without ``..`` components; whether it exists and may hold code is
     checked at deploy (``trims.runtime.gateway.code_rules``), where the host is known."""
@@ -427,6 +446,7 @@ def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
         config=_config(data.get("config", {})),
         executor=_executor(data.get("executor")),
         serves=None if serves is None else _serves(serves),
+        environment=environment_name(data.get("environment")),
     )
 
 

@@ -88,11 +88,14 @@ class RunningGateway:
             return r.status, await r.json()
 
 
-def local_factory(tmp: Path, store_socket: Path | None) -> Callable[[str], Any]:
+def local_factory(
+    tmp: Path, store_socket: Path | None, environments: dict[str, str] | None = None
+) -> Callable[[str], Any]:
     def make(name: str) -> Any:
         return create_executor(
-            name, store_socket=store_socket, preload=PRELOAD, state_dir=tmp / "instances"
-        )
+            name, store_socket=store_socket, preload=PRELOAD, state_dir=tmp / "instances",
+            **({"environments": environments} if environments else {}),
+        )  # fmt: skip
 
     return make
 
@@ -101,19 +104,21 @@ def local_factory(tmp: Path, store_socket: Path | None) -> Callable[[str], Any]:
 async def start_gateway(
     tmp_path: Path,
 ) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
-    """Factory: ``await start_gateway(tokens=(ADMIN,), store_socket=...)``."""
+    """Factory: ``await start_gateway(tokens=(ADMIN,), store_socket=...)``; ``environments=``
+    goes to the local executor (name -> interpreter)."""
     started: list[RunningGateway] = []
 
     async def start(**options: Any) -> RunningGateway:
         root = tmp_path / f"gateway{len(started)}"
         root.mkdir()
         store_socket = options.pop("store_socket", root / "no-store.sock")
+        environments = options.pop("environments", None)
         if "tokens" not in options:
             options.setdefault("auth", False)
         settings = GatewaySettings(
             port=0, store_socket=store_socket, drain_timeout_s=5.0, **options
         )
-        app = create_app(settings, local_factory(root, store_socket))
+        app = create_app(settings, local_factory(root, store_socket, environments))
         runner = await start_runner(app, settings)
         await start_site(runner, settings, "127.0.0.1", 0)
         port = runner.addresses[0][1]
