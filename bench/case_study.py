@@ -20,8 +20,10 @@ SingleStream, 64, what LoadGen's early stopping needs at the 90th percentile; Se
 queries for the same reason at the 99th): Server's target QPS is half the direct
 SingleStream rate (at most ``--server-max-qps``); Offline (batch ``--offline-batch``) lets the
 harness measure each SUT's rate first (Note [offline calibration] in run.py). Each model runs on
-the systems under test its framework has (``SUT_KINDS`` in run.py: MXNet only ``direct``); a
-step the harness refuses is listed under ``skipped`` with its reason, not hidden.
+the systems under test its framework has (``SUT_KINDS`` in manifest_run.py); a step the harness
+refuses is listed under ``skipped`` with its reason, not hidden. MXNet models run on the gateway
+in its ``mxnet`` environment (``--environment mxnet=PYTHON``, the MXNet venv the direct MXNet
+system under test uses).
 
 Harness overhead: for each ONNX Runtime model, the direct SingleStream p50 under LoadGen against
 a bare timing loop over the same ``predict`` call (``bench/evaluation.py`` measures this pair
@@ -88,6 +90,16 @@ def mxnet_models() -> list[str]:
         for p in shipped_manifest_paths()
         if load_manifest(p, check_dataset=False).framework.name == "mxnet"
     ]
+
+
+def mxnet_environment() -> list[str]:
+    """The gateway's ``--environment mxnet=PYTHON`` for the MXNet environment (the one the
+    direct MXNet system under test uses), or nothing when there is none: the MXNet gateway
+    steps are then skipped with the gateway's reason."""
+    from trims.evaluation.mxnet_backend import find_python
+
+    python = find_python()
+    return ["--environment", f"mxnet={python}"] if Path(python).is_file() else []
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -259,7 +271,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db = str(root / "case-study.sqlite")
     steps = plan(args)
     gateway, url = start_gateway(
-        root, "--preload", "numpy,onnxruntime,torch", "--store-socket", str(root / "no-store.sock")
+        root,
+        "--preload",
+        "numpy,onnxruntime,torch",
+        "--store-socket",
+        str(root / "no-store.sock"),
+        *mxnet_environment(),
     )
     try:
         study = Study(args, url, root, db)

@@ -26,9 +26,12 @@ DEFAULT_VENV = "/tmp/trims-mxnet-venv"
 
 
 def find_python(explicit: str | None = None) -> str:
-    """The MXNet environment's interpreter: ``explicit``, ``$TRIMS_MXNET_VENV`` or the default."""
+    """The MXNet environment's interpreter: ``explicit``, ``$TRIMS_MXNET_PYTHON``, the python of
+    ``$TRIMS_MXNET_VENV``, or the default venv's."""
     if explicit:
         return explicit
+    if os.environ.get("TRIMS_MXNET_PYTHON"):
+        return os.environ["TRIMS_MXNET_PYTHON"]
     venv = os.environ.get("TRIMS_MXNET_VENV", DEFAULT_VENV)
     return str(Path(venv) / "bin" / "python")
 

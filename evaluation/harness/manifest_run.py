@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 SUT_KINDS: Mapping[str, tuple[str, ...]] = {
     "onnxruntime": ("direct", "gateway", "pipeline"),
     "torch": ("direct", "gateway"),
-    "mxnet": ("direct",),
+    "mxnet": ("direct", "gateway"),
 }
 
 
@@ -432,12 +432,16 @@ def _open_sut(
     if framework == "mxnet":
         import onnx
 
-        from trims.evaluation.harness.sut_mxnet import MxnetSUT
+        from trims.evaluation.harness.sut_mxnet import MxnetSUT, mxnet_function_spec, mxnet_spec
 
-        model = onnx.load(str(path))
-        return MxnetSUT.from_onnx(
-            manifest.name, model, threads=threads, python=mxnet_python
-        ), digest
+        graph = mxnet_spec(manifest.name, onnx.load(str(path)))
+        if sut_kind == "gateway":
+            assert gateway is not None
+            spec = mxnet_function_spec(
+                _function_name(manifest), graph, executor=gateway.executor, threads=threads
+            )
+            return GatewaySUT.deploy(gateway.url, spec, token=gateway.token), digest
+        return MxnetSUT(manifest.name, graph, threads=threads, python=mxnet_python), digest
     if sut_kind == "gateway":
         assert gateway is not None
         spec = onnx_function_spec(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from trims.evaluation.harness.sut import Output, _chunks, _split, _stack
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["MxnetSUT"]
+__all__ = ["MxnetSUT", "mxnet_function_spec", "mxnet_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,7 @@ class MxnetSUT:
     ) -> MxnetSUT:
         """``model`` (an ONNX graph; the zoo's constant fills are materialized) prepared for
         ``batch`` samples per request and loaded into a new MXNet child."""
-        from trims.evaluation import graph, mxnet_backend, zoo
-
-        prepared = graph.prepare(zoo.materialize_constants(model, name), name, batch)
-        return cls(name, mxnet_backend.spec(prepared, name), threads=threads, python=python)
+        return cls(name, mxnet_spec(name, model, batch), threads=threads, python=python)
 
     def predict(self, batch: list[Any]) -> list[Any]:
         from trims.evaluation.tracing.mxnet_child import decode_array, encode_array
@@ -113,3 +111,63 @@ class MxnetSUT:
     def close(self) -> None:
         """Stop the child (it exits when its input closes)."""
         self._child.close()
+
+
+def mxnet_spec(name: str, model: onnx.ModelProto, batch: int = 1) -> dict[str, Any]:
+    """``model`` (an ONNX graph; the zoo's constant fills are materialized) prepared for
+    ``batch`` samples per request, in the JSON form the MXNet environment builds."""
+    from trims.evaluation import graph, mxnet_backend, zoo
+
+    prepared = graph.prepare(zoo.materialize_constants(model, name), name, batch)
+    return mxnet_backend.spec(prepared, name)
+
+
+#: The environment name the gateway declares for MXNet (``--environment mxnet=PYTHON``).
+MXNET_ENVIRONMENT = "mxnet"
+
+
+def mxnet_function_spec(
+    name: str,
+    spec: dict[str, Any],
+    *,
+    executor: str | None = None,
+    threads: int = 1,
+    max_instances: int = 1,
+    concurrency: int = 1,
+) -> dict[str, Any]:
+    """A function ``name`` serving an MXNet graph (``spec``: :func:`mxnet_spec`) over the Open
+    Inference Protocol, run in the gateway's ``mxnet`` environment by
+    ``evaluation/harness/functions/mxnet_model.py``, with MXNet's engine and threads set as the
+    direct system under test's child sets them."""
+    if len(spec["inputs"]) != 1:
+        raise ValidationError(
+            f"model {name!r} has {len(spec['inputs'])} inputs; the MXNet function feeds one"
+        )
+    (entry,) = spec["inputs"]
+    folder = Path(__file__).parent / "functions"
+    out: dict[str, Any] = {
+        "name": name,
+        "handler": "mxnet_model:handler",
+        "code_dir": str(folder.resolve()),
+        "environment": MXNET_ENVIRONMENT,
+        "scaling": {"max_instances": max_instances, "concurrency": concurrency},
+        "resources": {"cpus": threads},
+        "env": {
+            "MXNET_ENGINE_TYPE": "NaiveEngine",
+            "OMP_NUM_THREADS": str(threads),
+            "MXNET_CPU_WORKER_NTHREADS": str(threads),
+        },
+        "config": {"spec": spec, "threads": threads},
+        "serves": {
+            "inputs": [
+                {"name": str(entry["name"]), "datatype": "FP32", "shape": list(entry["shape"])}
+            ],
+            "outputs": [
+                {"name": str(o), "datatype": "FP32", "shape": [int(entry["shape"][0]), -1]}
+                for o in spec["outputs"]
+            ],
+        },
+    }
+    if executor is not None:
+        out["executor"] = executor
+    return out

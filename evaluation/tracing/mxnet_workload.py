@@ -61,7 +61,7 @@ def find_python(explicit: str | None = None) -> str:
     """The MXNet environment's interpreter (see the module docstring for the order)."""
     from trims.evaluation import mxnet_backend
 
-    return explicit or os.environ.get("TRIMS_MXNET_PYTHON") or mxnet_backend.find_python(None)
+    return mxnet_backend.find_python(explicit)
 
 
 def _no_environment(python: str, why: str) -> Unavailable:

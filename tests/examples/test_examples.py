@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trims.errors import ValidationError
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.local import LocalExecutor
 from trims.runtime.functions.spec import FunctionSpec, load_spec_file
@@ -181,3 +182,49 @@ async def test_resnet50_classifies_through_the_store(
     np.save(buf, image[0])
     reply = json.loads((await instance.invoke(buf.getvalue(), {}, timeout=120, trace={})).body)
     assert reply["predictions"][0][0]["class"] == int(expected.argmax())
+
+
+def _mxnet_python() -> str | None:
+    from trims.evaluation.mxnet_backend import find_python
+
+    python = find_python()
+    return python if Path(python).is_file() else None
+
+
+@pytest.mark.skipif(
+    _mxnet_python() is None,
+    reason="no MXNet environment ($TRIMS_MXNET_VENV or /tmp/trims-mxnet-venv, as .ci/run makes)",
+)
+async def test_mxnet_digits_runs_the_store_weights_in_the_mxnet_environment(
+    store_daemon: Any, local_executor: Callable[..., LocalExecutor], tmp_path: Path
+) -> None:
+    import onnxruntime as ort
+
+    from trims.evaluation.harness.datasets import digits
+
+    prepare = _prepare_module("mxnet_digits")
+    assert prepare.main(["--out", str(tmp_path), "--socket", str(store_daemon.socket)]) == 0
+    model = tmp_path / "digits-mlp.onnx"
+    python = _mxnet_python()
+    assert python is not None
+    executor = local_executor(store_socket=store_daemon.socket, environments={"mxnet": python})
+    instance = await _start(executor, _spec_with_source("mxnet_digits", model))
+    assert store_daemon.request("stats")["result"]["leases"] == 1, "weights not from the store"
+
+    images, labels = digits("test")
+    rows = images.reshape(len(images), -1)[:100]
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"input": (rows / 16.0).astype(np.float32)})
+    body = json.dumps({"images": rows.tolist()}).encode()
+    reply = await instance.invoke(body, {"content-type": "application/json"}, timeout=60, trace={})
+    assert reply.status == 200, reply.body
+    answer = json.loads(reply.body)
+    assert answer["digits"] == expected.argmax(axis=1).tolist()
+    np.testing.assert_allclose(answer["probabilities"], expected, atol=1e-5)
+    assert np.mean(np.asarray(answer["digits"]) == labels[:100]) > 0.85
+    feeds = {"input": (rows / 16.0).astype(np.float32)}
+    outputs = await instance.infer(feeds, timeout=60, trace={})
+    np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-5, atol=1e-6)
+    # A client's mistake is a ValidationError (the gateway answers 422 with its message).
+    with pytest.raises(ValidationError, match='"pixels"'):
+        await instance.invoke(b'{"texts": "hi"}', {}, timeout=60, trace={})

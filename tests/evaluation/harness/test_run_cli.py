@@ -226,15 +226,58 @@ def test_the_mxnet_sut_runs_a_zoo_model_in_its_child(tmp_path: Path) -> None:
     assert evaluation.framework == "mxnet" and len(evaluation.model_digest) == 64
 
 
-def test_mxnet_manifests_refuse_the_gateway_before_running(tmp_path: Path) -> None:
+def test_mxnet_manifests_refuse_the_pipeline_before_running(tmp_path: Path) -> None:
     from trims.errors import ValidationError
 
     manifest = load_manifest(shipped("squeezenet-mxnet"))
-    with pytest.raises(ValidationError, match="mxnet models run on the direct system under test"):
+    with pytest.raises(ValidationError, match="mxnet models run on the direct or gateway system"):
         run_manifest(
-            manifest, "gateway", "offline", work_dir=tmp_path,
+            manifest, "pipeline", "offline", work_dir=tmp_path,
             gateway=GatewayTarget("http://127.0.0.1:9", tmp_path),
         )  # fmt: skip
+
+
+@pytest.mark.skipif(
+    _mxnet_python() is None,
+    reason="no MXNet environment ($TRIMS_MXNET_PYTHON or /tmp/trims-mxnet-venv, as .ci/run makes)",
+)
+async def test_mxnet_on_gateway(
+    tmp_path: Path, start_gateway: Callable[..., Awaitable[RunningGateway]]
+) -> None:
+    """An MXNet manifest served by a function in the gateway's ``mxnet`` environment gives the
+    direct MXNet system under test's outputs (both seed the weights alike)."""
+    python = _mxnet_python()
+    assert python is not None
+    doc = yaml.safe_load(shipped("squeezenet-mxnet").read_text())
+    doc["dataset"]["samples"] = 3
+    path = tmp_path / "squeezenet-mxnet-small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    manifest = load_manifest(path)
+    gw = await start_gateway(environments={"mxnet": python})
+    target = GatewayTarget(gw.url, REPO / "examples" / "onnx_zoo")
+
+    def evaluate() -> tuple[Any, Any]:
+        over_http = run_manifest(
+            manifest, "gateway", "single-stream", "both", TINY, work_dir=tmp_path,
+            gateway=target, threads=1,
+        )  # fmt: skip
+        in_process = run_manifest(
+            manifest, "direct", "single-stream", "accuracy", TINY, work_dir=tmp_path,
+            mxnet_python=python,
+        )  # fmt: skip
+        return over_http, in_process
+
+    over_http, in_process = await asyncio.to_thread(evaluate)
+    assert over_http.sut_kind == "gateway" and over_http.run.performance is not None
+    assert over_http.model_digest == in_process.model_digest
+    assert over_http.accuracy is None, "MXNet runs seeded random weights: performance only"
+    assert sorted(over_http.run.outputs) == [0, 1, 2]
+    for i, out in in_process.run.outputs.items():
+        np.testing.assert_allclose(
+            over_http.run.outputs[i]["softmaxout_1"], out["softmaxout_1"], rtol=1e-4, atol=1e-6
+        )
+    status, _ = await gw.get_json("/v1/functions/eval-squeezenet-mxnet")
+    assert status == 404, "the evaluation removes the function it deployed"
 
 
 async def test_torch_on_gateway(
