@@ -46,6 +46,7 @@ CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
 CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_MEMCPY_HOST_TO_DEVICE = 1
+CUDART_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12")
 
 
 class CUmemLocation(ctypes.Structure):
@@ -350,7 +351,7 @@ class GpuTier:
     def _runtime(self) -> ctypes.CDLL:
         if self._cudart is None:
             found = ctypes.util.find_library("cudart")
-            names = ((found,) if found else ()) + ("libcudart.so", "libcudart.so.12")
+            names = ((found,) if found else ()) + CUDART_NAMES
             self._cudart = _load_library(names)
             if self._cudart is None:
                 raise Unavailable(
