@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 
 #: The one message every study gives when its GPU path cannot run.
 UNAVAILABLE = (
-    "CuPy/CUDA not available: install cupy-cuda12x (pip install 'trims[gpu]') and run on a "
+    "CuPy/CUDA not available: install CuPy for the driver's CUDA (pip install 'trims[gpu]' for "
+    "CUDA 12, 'trims[gpu13]' for CUDA 13; nvidia-smi names it) and run on a "
     "machine with an NVIDIA GPU and driver, or choose the numpy backend"
 )
 
