@@ -1,9 +1,12 @@
 """`trims models`: add, list, inspect, load, pin, evict and remove models in the node's store.
 
-Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr)
-from the daemon's progress frames. Admin actions go over the admin socket beside the store
-socket, so they work only for the store's owner; ``ls`` and ``info`` use it when they can, to
-show every model with its source and access list (``add --allow-uid/--allow-gid``).
+Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr;
+one line per stage when it is not a terminal, see :mod:`trims.runtime.progress`) from the
+daemon's progress frames. The common options (``--socket``, ``--json``, ``--timeout``,
+``--no-progress``) go before or after the action. Admin actions go over the admin socket
+beside the store socket, so they work only for the store's owner; ``ls`` and ``info`` use it
+when they can, to show every model with its source and access list (``add --allow-uid`` and
+``--allow-gid``).
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trims.config import admin_socket_for, default_socket, format_size
+from trims.runtime.progress import ProgressBars
 
 TIERS = ("cpu", "gpu", "disk")
 
@@ -39,20 +42,39 @@ def _model_args(p: argparse.ArgumentParser, *, tier: str | None = None) -> None:
         )
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def _common_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # After the action, an option left out must not overwrite the one given before it.
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
     parser.add_argument(
-        "--socket", type=Path, help="store socket (default: $TRIMS_SOCKET or the runtime dir)"
+        "--socket",
+        type=Path,
+        default=default(None),
+        help="store socket (default: $TRIMS_SOCKET or the runtime dir)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per reply (60)")
-    parser.add_argument("--no-progress", action="store_true", help="draw no progress bars")
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON instead of tables"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=default(60.0), help="seconds per reply (60)"
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        default=default(False),
+        help="draw no progress bars (and print no progress lines)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    _common_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    # `--json` is accepted after the action too (`trims models ls --json`).
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="JSON")
+    _common_options(common, suppress=True)
 
     def action(name: str, help_: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, parents=[common])
+        return sub.add_parser(name, help=help_, description=help_, parents=[common])
 
     p = action("add", "ingest a model file or URL (safetensors, torch, onnx, mxnet)")
     p.add_argument("name", help="model name")
@@ -77,40 +99,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     action("ls", "list models")
     action("stats", "tier usage, budgets and live leases")
     _model_args(action("info", "one model's details and tensors"))
-    p = action("rm", "remove a model (all versions unless --version)")
-    _model_args(p)
+    p = action("rm", "remove a model: every version, or only the one --version names")
+    p.add_argument("name", help="model name")
+    p.add_argument("--version", help="remove only this version (default: every version)")
     p.add_argument("--force", action="store_true", help="remove even while leased")
     _model_args(action("load", "prefetch a model into a tier"), tier="cpu")
     _model_args(action("pin", "keep a model resident in a tier"), tier="cpu")
     _model_args(action("unpin", "let a model be evicted again"), tier="")
     _model_args(action("evict", "drop a model from a tier now"), tier="")
-
-
-class ProgressBars:
-    """One tqdm bar per stage ("download", "convert", "verify", "load"), on stderr."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._stage: str | None = None
-        self._bar: Any = None
-
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
-        if not self.enabled:
-            return
-        if stage != self._stage:
-            from tqdm import tqdm
-
-            self.close()
-            self._stage = stage
-            self._bar = tqdm(
-                total=total, desc=f"{stage:<8}", unit="B", unit_scale=True, file=sys.stderr
-            )
-        self._bar.update(done - self._bar.n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 def _resolve_id(kind: str, text: str) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from trims.daemon.formats.writer import Progress
 from trims.errors import ValidationError
 from trims.layout import (
+    FORMAT_SUFFIXES,
     MODEL_FORMATS,
     Manifest,
     format_from_suffix,
@@ -49,9 +50,12 @@ def detect_format(path: Path, *, filename: str | None = None) -> str:
     shown = filename or path.name
     fmt = format_from_suffix(shown)
     if fmt is None:
+        suffixes = ", ".join(f"{suffix} ({name})" for suffix, name in FORMAT_SUFFIXES.items())
         raise ValidationError(
-            f"cannot tell the format of {shown}: name it *.safetensors, *.pt, *.pth, *.onnx "
-            f"or *.params, or pass the format explicitly (one of {', '.join(FORMATS)})"
+            f"cannot tell the format of {shown}: its first bytes match no format trims knows "
+            f"by content and its suffix is none of {suffixes}; rename it, or give the format "
+            f"with `trims models add --format FORMAT` (the add request's 'format'), FORMAT "
+            f"one of {', '.join(FORMATS)}"
         )
     return fmt
 

@@ -72,10 +72,32 @@ def _check_archive(source: Path) -> None:
     check_tensor_count(storages, f"{source} (counting its storages)")
 
 
+#: First byte of a pickle of protocol 2 or later (the PROTO opcode): torch.save's legacy,
+#: non-zip format starts with one.
+_PICKLE_PROTO = 0x80
+
+
+def _check_container(source: Path) -> bool:
+    """True for a zip checkpoint (torch.save's format), False for a legacy pickle; anything
+    else is refused here, before torch blames its content (CorruptModel, saying what it is)."""
+    if zipfile.is_zipfile(source):
+        return True
+    with open(source, "rb") as f:
+        head = f.read(2)
+    if len(head) == 2 and head[0] == _PICKLE_PROTO and 2 <= head[1] <= 5:
+        return False
+    shown = head.hex(" ") if head else "nothing: the file is empty"
+    raise CorruptModel(
+        f"{source} is not a PyTorch file: torch.save writes a zip archive (or, long ago, a "
+        f"pickle), and it starts with {shown}; check that the file was saved with torch.save "
+        "and copied whole, or give its real format with --format"
+    )
+
+
 def _load(source: Path) -> Any:
     import torch
 
-    use_mmap = zipfile.is_zipfile(source)
+    use_mmap = _check_container(source)
     if use_mmap:
         _check_archive(source)
     try:

@@ -1,6 +1,7 @@
 """Sentence embeddings with the real all-MiniLM-L6-v2 weights, shared through the store.
 
-``handler``: body ``{"texts": ["...", ...]}`` (or plain text) -> ``{"embeddings": [[384 floats]]}``.
+``handler``: body ``{"texts": ["...", ...]}`` (or plain text) -> ``{"embeddings": [[384 floats]]}``;
+a JSON body without a non-empty list of strings under ``texts`` is answered 422 saying so.
 ``infer``: Open Inference Protocol input ``text`` (BYTES, [N]) -> output ``embedding`` (FP32,
 [N, 384]). The encoder (``bert.py``) reads the mapped weight tensors directly.
 """
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 from bert import sentence_embeddings
 
-from trims.runtime.functions import Context, Request
+from trims.runtime.functions import ClientError, Context, Request
 
 
 def _tokenizer_dir(ctx: Context) -> Path:
@@ -70,12 +71,32 @@ def embed(texts: Sequence[str], ctx: Context) -> np.ndarray:
         return sentence_embeddings(ctx.state["weights"], ids, mask).numpy()
 
 
+#: How a JSON request must look, said in every refusal.
+_SHAPE = 'send {"texts": ["a sentence", ...]} (or the text itself as text/plain)'
+
+
+def request_texts(request: Request) -> list[str]:
+    """The texts to embed; ClientError (422) naming what is wrong with the request."""
+    if not request.content_type.startswith("application/json"):
+        try:
+            return [request.text()]
+        except UnicodeDecodeError:
+            raise ClientError(f"the body is not UTF-8 text; {_SHAPE}", status=400) from None
+    doc = request.json()
+    if not isinstance(doc, dict) or "texts" not in doc:
+        raise ClientError(f"the JSON body has no 'texts'; {_SHAPE}", status=422)
+    texts = doc["texts"]
+    if isinstance(texts, str):
+        raise ClientError(f"'texts' is one string, not a list of strings; {_SHAPE}", status=422)
+    if not isinstance(texts, list) or not texts:
+        raise ClientError(f"'texts' must be a non-empty list of strings; {_SHAPE}", status=422)
+    if not all(isinstance(t, str) for t in texts):
+        raise ClientError(f"every item of 'texts' must be a string; {_SHAPE}", status=422)
+    return texts
+
+
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
-    if request.content_type.startswith("application/json"):
-        texts = request.json()["texts"]
-    else:
-        texts = [request.text()]
-    return {"embeddings": embed(texts, ctx).tolist()}
+    return {"embeddings": embed(request_texts(request), ctx).tolist()}
 
 
 def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:

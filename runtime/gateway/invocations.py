@@ -89,7 +89,7 @@ def _result_dict(outcome: Outcome) -> dict[str, Any]:
         "status": outcome.status,
         "content_type": outcome.headers.get("Content-Type", "application/octet-stream"),
     }
-    traced = {k: v for k, v in outcome.headers.items() if k.startswith("trims-trace-")}
+    traced = {k.lower(): v for k, v in outcome.headers.items() if _is_trace_header(k)}
     if traced:
         result["trace"] = traced
     timing = outcome.headers.get("Server-Timing")
@@ -102,6 +102,10 @@ def _result_dict(outcome: Outcome) -> dict[str, Any]:
         result["body"] = base64.b64encode(outcome.body).decode()
         result["encoding"] = "base64"
     return result
+
+
+def _is_trace_header(name: str) -> bool:
+    return name.lower().startswith("trims-trace-")
 
 
 class Invocations:

@@ -9,8 +9,11 @@ Spec (JSON/YAML)::
                {"name": "join", "function": "merge", "after": ["cls", "emb"]}]}
 
 A step without ``after`` receives the pipeline's request body; a step after one step receives
-that step's response body; a step after several receives a JSON object mapping each of those
-step names to its response (parsed JSON when it was JSON, else text). The pipeline answers with
+that step's response body and content type; a step after several receives a JSON object
+mapping each of those step names to its response: parsed JSON when it was JSON, else text when
+it is UTF-8, else ``{"content_type": ..., "encoding": "base64", "body": ...}`` (bytes are never
+replaced). Header names are matched case-insensitively throughout (Note [case-insensitive
+headers] in :mod:`trims.runtime.gateway.invocations`). The pipeline answers with
 its one sink step's response, or with a JSON object of every sink's response when there are
 several. Steps run as soon as their inputs are ready, so independent branches run at once; the
 whole run is one span with a child span per step.
@@ -366,10 +369,25 @@ async def _call_step(
 
 
 def _as_json(outcome: Outcome) -> Any:
-    text = outcome.body.decode("utf-8", "replace")
-    if outcome.headers.get("Content-Type", "").startswith("application/json"):
+    """A step's answer as a value in a join: JSON as JSON, UTF-8 as text, else base64."""
+    content_type = outcome.headers.get("Content-Type", "application/octet-stream")
+    try:
+        text = outcome.body.decode("utf-8")
+    except UnicodeDecodeError:
+        return {
+            "content_type": content_type,
+            "encoding": "base64",
+            "body": base64.b64encode(outcome.body).decode(),
+        }
+    if _is_json(content_type):
         try:
             return json.loads(text)
         except ValueError:
             return text
     return text
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type, parameters aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")

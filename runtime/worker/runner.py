@@ -27,6 +27,7 @@ from opentelemetry import trace
 from trims.config import admin_socket_for, default_socket, format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
 from trims.runtime.functions.context import Context, Request
+from trims.runtime.functions.errors import ClientError
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.wire import (
     TRACE_LEVEL,
@@ -210,6 +211,9 @@ class Worker:
             ) from e
         except (TrimsError, asyncio.CancelledError):
             raise
+        except ClientError as e:
+            # The caller's mistake, said by the handler: its status, not 502 (see errors.py).
+            raise e.to_error() from e
         except Exception as e:
             raise self._failed(name, e, span) from e
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,9 @@ def test_model_lifecycle(store_daemon: DaemonProcess, source: Path) -> None:
     added = trims_models(sock, "add", "emb", str(source), "--version", "2")
     assert added.returncode == 0, added.stderr
     assert "added emb:2" in added.stdout
-    assert "convert" in added.stderr and "100%" in added.stderr, "no progress bar drawn"
+    # stderr is a pipe here, not a terminal: one line per finished stage instead of bars.
+    assert re.search(r"^convert +[\d.]+ \S+ in [\d.]+ s \(", added.stderr, re.M), added.stderr
+    assert "%|" not in added.stderr, "a progress bar drawn into a pipe"
 
     table = ok(sock, "ls").splitlines()
     assert table[0].split() == [
@@ -78,6 +81,21 @@ def test_model_lifecycle(store_daemon: DaemonProcess, source: Path) -> None:
 
     assert "removed emb:2" in ok(sock, "rm", "emb")
     assert json.loads(ok(sock, "--json", "ls")) == []
+
+
+def test_a_load_reports_each_stage_once(tmp_path: Path, store_daemon: DaemonProcess) -> None:
+    """The daemon interleaves load and verify reports per 4 MiB chunk: still one line each."""
+    path = tmp_path / "big.safetensors"
+    safetensors_numpy.save_file({"w": np.ones((40, 1 << 18), np.float32)}, str(path))  # 40 MiB
+    ok(store_daemon.socket, "add", "big", str(path), "--no-progress")
+    loaded = trims_models(store_daemon.socket, "load", "big", "--tier", "cpu")
+    assert loaded.returncode == 0, loaded.stderr
+    stages = [line.split()[0] for line in loaded.stderr.splitlines()]
+    assert sorted(stages) == ["load", "verify"], loaded.stderr
+    quiet = trims_models(store_daemon.socket, "evict", "big", "--tier", "cpu")
+    assert quiet.returncode == 0, quiet.stderr
+    quiet = trims_models(store_daemon.socket, "load", "big", "--no-progress")
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_bad_input_gets_a_message_and_status_1(store_daemon: DaemonProcess, tmp_path: Path) -> None:

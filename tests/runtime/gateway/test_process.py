@@ -83,7 +83,7 @@ def test_functions_cli_deploys_lists_invokes_and_removes(gateway_process, tmp_pa
     assert "deployed" in cli("deploy", str(spec_file))
     assert cli("invoke", "echo", "--data", "hi there") == "hi there\n"
     assert "echo" in cli("ls")
-    assert json.loads(cli("get", "echo"))["spec"]["name"] == "echo"
+    assert json.loads(cli("get", "echo", "--json"))["spec"]["name"] == "echo"
     assert "deleted" in cli("rm", "echo")
     out = subprocess.run(
         [sys.executable, "-m", "trims", "functions", "--url", gw.url, "invoke", "echo"],
