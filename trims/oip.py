@@ -8,11 +8,12 @@ little-endian, as the binary tensor extension sends them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DTYPES", "HEADER_LENGTH"]
+__all__ = ["CODE_PLATFORM", "DTYPES", "HEADER_LENGTH", "PLATFORMS", "platform_of"]
 
 #: The binary tensor extension's header: the length of the JSON part before the raw tensors.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -33,3 +34,26 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
 }
+
+#: A function's model framework (``models[].framework``) -> the ``platform`` its model metadata
+#: reports: Triton's backend names where one fits (``onnxruntime_onnx``, ``pytorch_libtorch``),
+#: the framework's own name otherwise.
+PLATFORMS: dict[str, str] = {
+    "onnxruntime": "onnxruntime_onnx",
+    "torch": "pytorch_libtorch",
+    "mxnet": "mxnet",
+    "numpy": "numpy",
+}
+
+#: The platform of a served function with no model: its ``infer`` is plain code.
+CODE_PLATFORM = "trims"
+
+
+def platform_of(frameworks: Iterable[str], declared: str = CODE_PLATFORM) -> str:
+    """The platform a served function reports: ``declared`` when the spec names one, else that
+    of its first model's framework, else :data:`CODE_PLATFORM`."""
+    if declared != CODE_PLATFORM:
+        return declared
+    for framework in frameworks:
+        return PLATFORMS.get(framework, framework)
+    return CODE_PLATFORM

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trims.errors import TrimsError, Unavailable, error_from_dict
+from trims.errors import ERROR_CODES, TrimsError, Unavailable, error_from_dict
 
 if TYPE_CHECKING:
     import aiohttp
@@ -30,7 +30,11 @@ _T = TypeVar("_T")
 def gateway_error(status: int, body: bytes, doing: str) -> TrimsError:
     """The error a gateway answer carries (its ``trims.errors`` class), or a plain one."""
     try:
-        return error_from_dict(json.loads(body)["error"])
+        error = json.loads(body)["error"]
+        if isinstance(error, str):  # /v2 (Open Inference Protocol): {"error": "<message>"}
+            by_status = {c.http_status: c for c in reversed(ERROR_CODES.values())}
+            return by_status.get(status, TrimsError)(error)
+        return error_from_dict(error)
     except (ValueError, KeyError, TypeError):
         text = body[:200].decode(errors="replace")
         return TrimsError(f"{doing}: the gateway answered {status}: {text}")

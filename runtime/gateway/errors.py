@@ -1,7 +1,9 @@
 """The error middleware: every failure leaves the gateway as ``{"error": {"code", "message"}}``.
 
 Statuses come from the one table :data:`trims.errors.HTTP_STATUS`; aiohttp's own HTTP errors
-(unknown route, wrong method, body too large) are given the same JSON shape.
+(unknown route, wrong method, body too large) are given the same JSON shape. Under ``/v2`` (the
+Open Inference Protocol) the body is the KServe V2 one instead, ``{"error": "<message>"}``: the
+same status and message, chosen by the path prefix alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ _AIOHTTP_CODES = {
 }
 
 
+def is_oip(path: str) -> bool:
+    """Whether ``path`` is under the Open Inference Protocol's ``/v2``."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
 def error_response(
     status: int,
     code: str,
@@ -37,19 +44,25 @@ def error_response(
     *,
     details: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
+    oip: bool = False,
 ) -> web.Response:
-    body: dict[str, Any] = {"code": code, "message": message}
-    if details:
-        body["details"] = details
+    """The error answer; ``oip``: the Open Inference Protocol's ``{"error": "<message>"}``."""
+    error: dict[str, Any] | str
+    if oip:
+        error = message
+    else:
+        error = {"code": code, "message": message}
+        if details:
+            error["details"] = details
     return web.Response(
         status=status,
-        body=json.dumps({"error": body}).encode(),
+        body=json.dumps({"error": error}).encode(),
         content_type="application/json",
         headers=headers,
     )
 
 
-def trims_error_response(err: TrimsError) -> web.Response:
+def trims_error_response(err: TrimsError, *, oip: bool = False) -> web.Response:
     """The JSON answer for a trims error; 429 carries ``Retry-After``."""
     headers: dict[str, str] = {}
     if isinstance(err, QueueFull):
@@ -58,7 +71,12 @@ def trims_error_response(err: TrimsError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="trims"'
     details = {k: v for k, v in err.details.items() if _jsonable(v)}
     return error_response(
-        HTTP_STATUS.get(err.code, 500), err.code, err.message, details=details, headers=headers
+        HTTP_STATUS.get(err.code, 500),
+        err.code,
+        err.message,
+        details=details,
+        headers=headers,
+        oip=oip,
     )
 
 
@@ -76,7 +94,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
             log.info("%s %s answered %s: %s", request.method, request.path, e.code, e.message)
         elif e.code == "internal":
             log.exception("%s %s failed", request.method, request.path)
-        return trims_error_response(e)
+        return trims_error_response(e, oip=is_oip(request.path))
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -89,9 +107,12 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         elif e.status == 413:
             message = f"request body is larger than the gateway limit: {e.reason}"
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
-        return error_response(e.status, code, message, headers=headers)
+        return error_response(e.status, code, message, headers=headers, oip=is_oip(request.path))
     except Exception:
         log.exception("%s %s failed with an unexpected error", request.method, request.path)
         return error_response(
-            500, "internal", "the gateway failed unexpectedly; see its log and report a bug"
+            500,
+            "internal",
+            "the gateway failed unexpectedly; see its log and report a bug",
+            oip=is_oip(request.path),
         )

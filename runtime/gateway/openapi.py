@@ -24,6 +24,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 _ERROR = _json(_ref("Error"), "an error; the message says what to fix")
+#: Under /v2 errors are the Open Inference Protocol's {"error": "<message>"}.
+_OIP_ERROR = _json(_ref("OipError"), "an error; the message says what to fix")
 _NAME = {
     "name": "name",
     "in": "path",
@@ -58,8 +60,9 @@ def _op(
     params: list[dict[str, Any]] | None = None,
     body: dict[str, Any] | None = None,
     secured: bool = True,
+    error: dict[str, Any] = _ERROR,
 ) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {**responses, "default": _ERROR}}
+    op: dict[str, Any] = {"summary": summary, "responses": {**responses, "default": error}}
     if params:
         op["parameters"] = params
     if body is not None:
@@ -149,6 +152,37 @@ _SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "OipError": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    },
+    "RepositoryIndex": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "state"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "state": {"enum": ["READY", "UNAVAILABLE"]},
+                "reason": {"type": "string"},
+            },
+        },
+    },
+    "SharedMemoryStatus": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "key", "offset", "byte_size"],
+            "properties": {
+                "name": {"type": "string"},
+                "key": {"type": "string"},
+                "offset": {"type": "integer"},
+                "byte_size": {"type": "integer"},
+            },
+        },
+    },
     "Instance": {
         "type": "object",
         "required": ["id", "state", "inflight"],
@@ -230,7 +264,7 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["inputs"],
         "properties": {
-            "id": {"type": "string"},
+            "id": {"type": ["string", "number"], "description": "echoed with its JSON type"},
             "parameters": {"type": "object"},
             "inputs": {"type": "array", "minItems": 1, "items": _ref("Tensor")},
             "outputs": {"type": "array", "items": {"type": "object", "required": ["name"]}},
@@ -242,7 +276,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "model_name": {"type": "string"},
             "model_version": {"type": "string"},
-            "id": {"type": "string"},
+            "id": {"type": ["string", "number"]},
             "outputs": {"type": "array", "items": _ref("Tensor")},
         },
     },
@@ -269,31 +303,6 @@ def _function_spec_schema() -> dict[str, Any]:
 def _paths() -> dict[str, Any]:
     fn = _json(_ref("Function"), "the function with its instances")
     pipeline = _json(_ref("PipelineSpec"), "the pipeline")
-    infer = {
-        "description": "output tensors (JSON, or JSON + binary tensors with the binary extension)",
-        "content": {
-            "application/json": {"schema": _ref("InferResponse")},
-            "application/octet-stream": {"schema": {}},
-        },
-    }
-    infer_body = {
-        "required": True,
-        "content": {
-            "application/json": {"schema": _ref("InferRequest")},
-            "application/octet-stream": {"schema": {}},
-        },
-    }
-    health = {
-        "type": "object",
-        "properties": {"live": {"type": "boolean"}, "ready": {"type": "boolean"}},
-    }
-    ready_resp = _json(
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-        },
-        "ready",
-    )
     return {
         "/v1/functions": {
             "get": _op(
@@ -391,46 +400,7 @@ def _paths() -> dict[str, Any]:
                 body=_ANY_BODY,
             )
         },
-        "/v2": {
-            "get": _op(
-                "Server metadata",
-                {"200": _json({"type": "object"}, "server metadata")},
-                secured=False,
-            )
-        },
-        "/v2/health/live": {"get": _op("Liveness", {"200": _json(health, "live")}, secured=False)},
-        "/v2/health/ready": {
-            "get": _op("Readiness", {"200": _json(health, "ready")}, secured=False)
-        },
-        "/v2/models/{name}": {
-            "get": _op(
-                "Model metadata", {"200": _json(_ref("ModelMetadata"), "metadata")}, params=[_NAME]
-            )
-        },
-        "/v2/models/{name}/ready": {
-            "get": _op("Model readiness", {"200": ready_resp}, params=[_NAME])
-        },
-        "/v2/models/{name}/infer": {
-            "post": _op("Inference", {"200": infer}, params=[_NAME, _TRACE_LEVEL], body=infer_body)
-        },
-        "/v2/models/{name}/versions/{version}": {
-            "get": _op(
-                "Model version metadata",
-                {"200": _json(_ref("ModelMetadata"), "metadata")},
-                params=[_NAME, _VERSION],
-            )
-        },
-        "/v2/models/{name}/versions/{version}/ready": {
-            "get": _op("Model version readiness", {"200": ready_resp}, params=[_NAME, _VERSION])
-        },
-        "/v2/models/{name}/versions/{version}/infer": {
-            "post": _op(
-                "Inference on a model version",
-                {"200": infer},
-                params=[_NAME, _VERSION, _TRACE_LEVEL],
-                body=infer_body,
-            )
-        },
+        **_oip_paths(),
         "/v1/traces": {
             "get": _op(
                 "The kept traces of traced invocations, newest first (trace scope)",
@@ -486,6 +456,177 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "This document", {"200": _json({"type": "object"}, "OpenAPI 3.1")}, secured=False
             )
+        },
+    }
+
+
+def _oip(summary: str, responses: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return _op(summary, responses, error=_OIP_ERROR, **kw)
+
+
+_REGION = {
+    "name": "region",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,128}$"},
+}
+_EMPTY = _json({"type": "object"}, "done")
+
+
+def _oip_paths() -> dict[str, Any]:
+    """The Open Inference Protocol (errors as {"error": "<message>"})."""
+    infer = {
+        "description": "output tensors (JSON, or JSON + binary tensors with the binary extension)",
+        "content": {
+            "application/json": {"schema": _ref("InferResponse")},
+            "application/octet-stream": {"schema": {}},
+        },
+    }
+    infer_body = {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _ref("InferRequest")},
+            "application/octet-stream": {"schema": {}},
+        },
+    }
+    health = {
+        "type": "object",
+        "properties": {"live": {"type": "boolean"}, "ready": {"type": "boolean"}},
+    }
+    model_ready = {
+        "type": "object",
+        "required": ["name", "ready"],
+        "properties": {
+            "name": {"type": "string"},
+            "ready": {"type": "boolean"},
+            "reason": {"type": "string", "description": "why not (503 only)"},
+        },
+    }
+    ready_resp = {
+        "200": _json(model_ready, "ready"),
+        "503": _json(model_ready, "not ready: unloaded, or its instances fail to start"),
+    }
+    optional_body = {
+        "required": False,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+    shm_status = _json(_ref("SharedMemoryStatus"), "this token's regions")
+    register_body = _body(
+        {
+            "type": "object",
+            "required": ["key", "byte_size"],
+            "properties": {
+                "key": {"type": "string"},
+                "offset": {"type": "integer", "minimum": 0},
+                "byte_size": {"type": "integer", "minimum": 1},
+            },
+        }
+    )
+    not_here = _json(_ref("OipError"), "CUDA shared memory is not supported on this gateway")
+    shm = "/v2/systemsharedmemory"
+    cuda = "/v2/cudasharedmemory"
+    return {
+        "/v2": {
+            "get": _oip(
+                "Server metadata",
+                {"200": _json({"type": "object"}, "server metadata")},
+                secured=False,
+            )
+        },
+        "/v2/health/live": {"get": _oip("Liveness", {"200": _json(health, "live")}, secured=False)},
+        "/v2/health/ready": {
+            "get": _oip(
+                "Readiness: not draining and every loaded model ready (503 otherwise)",
+                {"200": _json(health, "ready"), "503": _json(health, "not ready")},
+                secured=False,
+            )
+        },
+        "/v2/models/{name}": {
+            "get": _oip(
+                "Model metadata", {"200": _json(_ref("ModelMetadata"), "metadata")}, params=[_NAME]
+            )
+        },
+        "/v2/models/{name}/ready": {"get": _oip("Model readiness", ready_resp, params=[_NAME])},
+        "/v2/models/{name}/infer": {
+            "post": _oip("Inference", {"200": infer}, params=[_NAME, _TRACE_LEVEL], body=infer_body)
+        },
+        "/v2/models/{name}/versions/{version}": {
+            "get": _oip(
+                "Model version metadata",
+                {"200": _json(_ref("ModelMetadata"), "metadata")},
+                params=[_NAME, _VERSION],
+            )
+        },
+        "/v2/models/{name}/versions/{version}/ready": {
+            "get": _oip("Model version readiness", ready_resp, params=[_NAME, _VERSION])
+        },
+        "/v2/models/{name}/versions/{version}/infer": {
+            "post": _oip(
+                "Inference on a model version",
+                {"200": infer},
+                params=[_NAME, _VERSION, _TRACE_LEVEL],
+                body=infer_body,
+            )
+        },
+        "/v2/repository/index": {
+            "post": _oip(
+                "Model repository index: every served model's state (read scope); "
+                '{"ready": true} lists only ready ones',
+                {"200": _json(_ref("RepositoryIndex"), "models with state and reason")},
+                body=optional_body,
+            )
+        },
+        "/v2/repository/models/{name}/load": {
+            "post": _oip(
+                "Load a model: give an unloaded one its instances back and wait until one is "
+                "ready (admin)",
+                {"200": _EMPTY},
+                params=[_NAME],
+                body=optional_body,
+            )
+        },
+        "/v2/repository/models/{name}/unload": {
+            "post": _oip(
+                "Unload a model: scale it to zero; it answers not ready until loaded (admin)",
+                {"200": _EMPTY},
+                params=[_NAME],
+                body=optional_body,
+            )
+        },
+        f"{shm}/status": {
+            "get": _oip(
+                "This token's system shared-memory regions (loopback only)", {"200": shm_status}
+            )
+        },
+        f"{shm}/region/{{region}}/status": {
+            "get": _oip("One registered region", {"200": shm_status}, params=[_REGION])
+        },
+        f"{shm}/region/{{region}}/register": {
+            "post": _oip(
+                "Register a window of a POSIX shared-memory object (loopback, invoke scope)",
+                {"200": _EMPTY},
+                params=[_REGION],
+                body=register_body,
+            )
+        },
+        f"{shm}/region/{{region}}/unregister": {
+            "post": _oip("Unregister a region", {"200": _EMPTY}, params=[_REGION])
+        },
+        f"{shm}/unregister": {
+            "post": _oip("Unregister all of this token's regions", {"200": _EMPTY})
+        },
+        f"{cuda}/status": {"get": _oip("CUDA shared memory (not supported)", {"400": not_here})},
+        f"{cuda}/region/{{region}}/status": {
+            "get": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+        },
+        f"{cuda}/region/{{region}}/register": {
+            "post": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+        },
+        f"{cuda}/region/{{region}}/unregister": {
+            "post": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+        },
+        f"{cuda}/unregister": {
+            "post": _oip("CUDA shared memory (not supported)", {"400": not_here})
         },
     }
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 
 from tests.runtime.gateway.conftest import echo_spec
+from trims.oip import HEADER_LENGTH, platform_of
 
 W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
 B = np.array([0.5, -1.0, 2.0], dtype=np.float32)
@@ -104,8 +106,136 @@ async def test_json_infer_and_clear_400s(start_gateway, start_daemon):
         async with gw.session.post(url, json=body) as r:
             doc = await r.json()
             assert r.status == 400, (body, doc)
-            assert message in doc["error"]["message"], (message, doc)
+            assert message in doc["error"], (message, doc)
     async with gw.session.get(f"{gw.url}/v2/models/echo-none") as r:
         assert r.status == 404
     async with gw.session.get(f"{gw.url}/v2/models/linear/versions/7") as r:
-        assert r.status == 404 and "no version '7'" in (await r.json())["error"]["message"]
+        assert r.status == 404 and "no version '7'" in (await r.json())["error"]
+
+
+def doubler_spec(name: str = "doubler", *, with_bytes: bool = False) -> dict[str, object]:
+    """A served model with no store model: y = 2x, raw (non-UTF-8 BYTES), t = s when asked."""
+    spec = echo_spec(name, "oipfuncs:handler")
+    inputs = [{"name": "x", "datatype": "FP32", "shape": [-1]}]
+    outputs = [
+        {"name": "y", "datatype": "FP32", "shape": [-1]},
+        {"name": "raw", "datatype": "BYTES", "shape": [1]},
+    ]
+    if with_bytes:
+        inputs.append({"name": "s", "datatype": "BYTES", "shape": [-1]})
+        outputs.append({"name": "t", "datatype": "BYTES", "shape": [-1]})
+    spec["serves"] = {"inputs": inputs, "outputs": outputs}
+    return spec
+
+
+def _x(values: list[float], **extra: object) -> dict[str, object]:
+    return {"name": "x", "shape": [len(values)], "datatype": "FP32", **extra}
+
+
+async def _post(gw, path: str, body: bytes, headers: dict[str, str] | None = None):
+    async with gw.session.post(gw.url + path, data=body, headers=headers or {}) as r:
+        return r.status, dict(r.headers), await r.read()
+
+
+async def test_v2_errors_are_the_spec_string_and_v1_keeps_its_shape(start_gateway):
+    gw = await start_gateway()
+    await gw.deploy(doubler_spec())
+    for method, path, status in [
+        ("GET", "/v2/models/nope", 404),
+        ("GET", "/v2/no/such/route", 404),
+        ("DELETE", "/v2/models/doubler", 405),
+        ("POST", "/v2/models/doubler/infer", 400),
+    ]:
+        async with gw.session.request(method, gw.url + path, data=b"{") as r:
+            doc = await r.json()
+            assert r.status == status, (path, doc)
+            assert set(doc) == {"error"} and isinstance(doc["error"], str) and doc["error"], doc
+    async with gw.session.get(f"{gw.url}/v1/functions/nope") as r:
+        doc = await r.json()
+        assert r.status == 404 and doc["error"]["code"] == "not_found", doc
+
+
+async def test_outputs_json_cannot_carry_are_refused_or_sent_binary(start_gateway):
+    gw = await start_gateway()
+    await gw.deploy(doubler_spec())
+    x = np.array([1.0, np.nan, np.inf], dtype=np.float32)
+    head = json.dumps(
+        {
+            "inputs": [_x([0, 0, 0], parameters={"binary_data_size": x.nbytes})],
+            "outputs": [{"name": "y"}],
+        }
+    ).encode()
+    binary = {HEADER_LENGTH: str(len(head))}
+    status, _, body = await _post(gw, "/v2/models/doubler/infer", head + x.tobytes(), binary)
+    message = json.loads(body)["error"]
+    assert status == 400 and "NaN or Infinity" in message, message
+    assert '"binary_data": true' in message
+
+    head = json.dumps(
+        {
+            "inputs": [_x([0, 0, 0], parameters={"binary_data_size": x.nbytes})],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, headers, body = await _post(
+        gw, "/v2/models/doubler/infer", head + x.tobytes(), {HEADER_LENGTH: str(len(head))}
+    )
+    assert status == 200, body
+    n = int(headers[HEADER_LENGTH])
+    np.testing.assert_array_equal(np.frombuffer(body[n:], np.float32), x * 2)
+
+    plain = json.dumps({"inputs": [_x([1.0], data=[1.0])], "outputs": [{"name": "raw"}]})
+    status, _, body = await _post(gw, "/v2/models/doubler/infer", plain.encode())
+    assert status == 400 and b"not UTF-8" in body and b"\\ufffd" not in body, body
+    wanted = {"name": "raw", "parameters": {"binary_data": True}}
+    both = json.dumps({"inputs": [_x([1.0], data=[1.0])], "outputs": [wanted]})
+    status, headers, body = await _post(gw, "/v2/models/doubler/infer", both.encode())
+    assert status == 200, body
+    n = int(headers[HEADER_LENGTH])
+    blob = body[n:]
+    assert blob[4:] == b"\xff\xfe" + np.float32(1.0).tobytes()
+
+
+async def test_request_checks_of_the_spec(start_gateway):
+    gw = await start_gateway()
+    await gw.deploy(doubler_spec())
+    url = "/v2/models/doubler/infer"
+    both = {"inputs": [_x([1.0], data=[1.0], parameters={"binary_data_size": 4})]}
+    head = json.dumps(both).encode()
+    status, _, body = await _post(
+        gw, url, head + np.float32(1).tobytes(), {HEADER_LENGTH: str(len(head))}
+    )
+    assert status == 400 and b"has both 'data' and binary_data_size" in body, body
+
+    for request_id in (7, 2.5, "r-1"):
+        doc = {"id": request_id, "inputs": [_x([1.0], data=[1.0])], "outputs": [{"name": "y"}]}
+        status, _, body = await _post(gw, url, json.dumps(doc).encode())
+        assert status == 200, body
+        echoed = json.loads(body)["id"]
+        assert echoed == request_id and type(echoed) is type(request_id)
+    for bad_id in ({"no": 1}, True, float("nan")):
+        doc = {"id": bad_id, "inputs": [_x([1.0], data=[1.0])]}
+        status, _, body = await _post(gw, url, json.dumps(doc).encode())
+        assert status == 400 and b"'id' must be a string" in body, body
+
+    x = np.array([1.0, 2.0], dtype=np.float32)
+    head = json.dumps({"inputs": [_x([0, 0], parameters={"binary_data_size": 8})]}).encode()
+    status, _, body = await _post(gw, url, head + x.tobytes())  # no header
+    message = json.loads(body)["error"]
+    assert status == 400 and f"no {HEADER_LENGTH} header" in message, message
+    assert f"'{HEADER_LENGTH}: {len(head)}'" in message
+    status, _, body = await _post(gw, url, head)  # binary_data_size, no binary part, no header
+    assert status == 400 and HEADER_LENGTH.encode() in body, body
+
+
+async def test_platform_names_the_backend(start_gateway, start_daemon):
+    daemon = start_daemon(models={"lin": {"w": W, "b": B}})
+    gw = await start_gateway(store_socket=daemon.socket)
+    await gw.deploy(linear_spec())
+    await gw.deploy(doubler_spec())
+    assert (await gw.get_json("/v2/models/linear"))[1]["platform"] == "numpy"
+    assert (await gw.get_json("/v2/models/doubler"))[1]["platform"] == "trims"
+    assert platform_of(["onnxruntime"]) == "onnxruntime_onnx"
+    assert platform_of(["torch", "numpy"]) == "pytorch_libtorch"
+    assert platform_of(["onnxruntime"], "tensorrt_plan") == "tensorrt_plan"
+    assert platform_of([]) == "trims"
