@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -35,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", action="store_true", help="deploy the example functions")
     parser.add_argument("--examples-dir", type=Path, help="where the examples are (default: repo)")
     parser.add_argument("--store-dir", type=Path, help="the daemon's store directory")
+    parser.add_argument(
+        "--daemon-metrics-address",
+        metavar="HOST:PORT",
+        help="the store daemon serves Prometheus /metrics there (its --metrics-address; "
+        "default $TRIMS_METRICS_ADDRESS, else none)",
+    )
 
 
 def _socket_alive(path: Path) -> bool:
@@ -46,7 +53,9 @@ def _socket_alive(path: Path) -> bool:
     return True
 
 
-def start_daemon(store_socket: Path, store_dir: Path | None) -> subprocess.Popen[bytes] | None:
+def start_daemon(
+    store_socket: Path, store_dir: Path | None, metrics_address: str | None = None
+) -> subprocess.Popen[bytes] | None:
     """A daemon subprocess on ``store_socket``; None when one already answers there."""
     if _socket_alive(store_socket):
         print(f"using the store daemon already running on {store_socket}", file=sys.stderr)
@@ -56,6 +65,8 @@ def start_daemon(store_socket: Path, store_dir: Path | None) -> subprocess.Popen
     cmd = [sys.executable, "-m", "trims", "daemon", "--socket", str(store_socket)]
     if store_dir is not None:
         cmd += ["--store-dir", str(store_dir)]
+    if metrics_address:
+        cmd += ["--metrics-address", metrics_address]
     offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
@@ -119,10 +130,22 @@ async def deploy_examples(url: str, token: str | None, specs: list[Path]) -> lis
                 continue
             async with session.put(f"{url}/v1/functions/{spec.name}", json=spec.to_dict()) as r:
                 if r.status >= 400:
-                    print(f"example {spec.name} not deployed: {await r.text()}", file=sys.stderr)
+                    reason = _error_message(await r.text())
+                    print(f"example {spec.name} not deployed: {reason}", file=sys.stderr)
                     continue
             deployed.append(spec.name)
     return deployed
+
+
+def _error_message(body: str) -> str:
+    """The message of a gateway error answer (``{"error": {"message"}}``), else the body."""
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return body.strip()
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return str(error)
 
 
 #: Most seconds one example's prepare.py may take (it writes weights and adds them to the store).
@@ -194,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     from trims.runtime.gateway.server import serve
     from trims.telemetry import setup_logging, setup_tracing
 
+    gateway_cli.check_port_free(args.host, args.port)
     setup_logging(args.log_level)
     settings = gateway_cli.with_admin_token(
         gateway_cli.settings_from_args(args, os.environ), os.environ
@@ -214,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    daemon = start_daemon(store_socket, args.store_dir)
+    daemon = start_daemon(store_socket, args.store_dir, args.daemon_metrics_address)
     try:
         factory = gateway_cli.executor_factory(settings, local)
         uvloop.run(serve(settings, factory, on_ready=ready))

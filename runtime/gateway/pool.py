@@ -102,6 +102,8 @@ class Pool:
         self._idle.set()
         self._exec_ewma_s = 0.05
         self._start_failures = 0
+        #: Why the last instance start failed; None once one starts (the model's readiness).
+        self.start_error: str | None = None
         self._reaper: asyncio.Task[None] | None = None
         fn = spec.name
         self._m_queue = metrics.queue_wait.labels(fn)
@@ -113,13 +115,43 @@ class Pool:
         self._m_invocations = metrics.invocations
         #: status -> the invocation counter's child (labels() costs a lookup per request).
         self._m_by_status: dict[str, Any] = {}
+        #: The version the Open Inference Protocol names (the metrics' ``version`` label).
+        self.version = spec.serves.versions[0] if spec.serves is not None else "1"
+        self._metrics = metrics
+        self._m_exec_count = metrics.inference_exec_count.labels(fn, self.version)
+        self._m_samples = metrics.inference_count.labels(fn, self.version)
+        #: (protocol, outcome) -> (request counter, duration histogram) children.
+        self._m_requests: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    def count_invocation(self, status: str) -> None:
-        """Count one finished invocation of this function by its status ("200", "429", ...)."""
+    @property
+    def pending(self) -> int:
+        """Requests waiting for an instance slot."""
+        return len(self._waiters)
+
+    def count_invocation(
+        self, status: str, *, protocol: str = "v1", samples: int = 1, started: float | None = None
+    ) -> None:
+        """Count one finished request of this function by its status ("200", "429", ...) and
+        protocol (``v1`` invoke, ``v2`` infer): ``samples`` inferred when it succeeded, its
+        end-to-end time from ``started`` (``time.monotonic()``) when given."""
         child = self._m_by_status.get(status)
         if child is None:
             child = self._m_by_status[status] = self._m_invocations.labels(self.name, status)
         child.inc()
+        success = status.startswith("2")
+        key = (protocol, "success" if success else "failure")
+        children = self._m_requests.get(key)
+        if children is None:
+            m = self._metrics
+            children = self._m_requests[key] = (
+                m.inference_requests.labels(self.name, self.version, *key),
+                m.inference_duration.labels(self.name, self.version, protocol),
+            )
+        children[0].inc()
+        if started is not None:
+            children[1].observe(time.monotonic() - started)
+        if success:
+            self._m_samples.inc(samples)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -205,6 +237,7 @@ class Pool:
         finally:
             elapsed = time.monotonic() - started
             self._m_exec.observe(elapsed)
+            self._m_exec_count.inc()
             self._exec_ewma_s = 0.8 * self._exec_ewma_s + 0.2 * elapsed
             slot.inflight -= 1
             slot.served += 1
@@ -334,6 +367,7 @@ class Pool:
                 return
         elapsed = time.monotonic() - started
         self._start_failures = 0
+        self.start_error = None
         self._m_cold.observe(elapsed)
         self._m_cold_starts.inc()
         acquire_s = getattr(slot.instance, "model_acquire_s", None)
@@ -359,6 +393,7 @@ class Pool:
         else:
             err = UpstreamError(f"instance {slot.id} of {self.name} failed to start: {exc}")
         log.warning("function %s: instance %s failed to start: %s", self.name, slot.id, err)
+        self.start_error = err.message
         slot.state = "draining"
         self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
         if self._active() == 0:

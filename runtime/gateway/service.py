@@ -26,6 +26,7 @@ from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.code_rules import check_code
 from trims.runtime.gateway.invocations import Invocations, Outcome
 from trims.runtime.gateway.metrics import GatewayMetrics
+from trims.runtime.gateway.model_check import check_models
 from trims.runtime.gateway.pipelines import PipelineSpec, parse_pipeline, run_pipeline
 from trims.runtime.gateway.pool import Pool
 from trims.runtime.gateway.traced import TracedCall, TraceExporter, TraceStore, response_headers
@@ -56,7 +57,7 @@ class Gateway:
         self._executors: dict[str, Executor] = {}
         self.pools: dict[str, Pool] = {}
         self.pipelines: dict[str, PipelineSpec] = {}
-        self.metrics = GatewayMetrics(self._instance_counts)
+        self.metrics = GatewayMetrics(self._instance_counts, self._pending_counts)
         self.budget = InstanceBudget(settings.max_instances_total)
         self.invocations = Invocations(
             ttl_s=settings.invocation_ttl_s, capacity=settings.max_invocations
@@ -147,6 +148,8 @@ class Gateway:
             on_host=executor_name not in IMAGE_CODE_EXECUTORS,
         )
         executor.check(spec)
+        if executor_name not in IMAGE_CODE_EXECUTORS:
+            await asyncio.to_thread(check_models, spec, self.settings.store_socket)
         pool = Pool(spec, executor, self.metrics, budget=self.budget)
         self.pools[spec.name] = pool
         pool.start()
@@ -171,6 +174,7 @@ class Gateway:
         del self.pools[name]
         self._forget("functions", name)
         self._close_later(pool)
+        self.metrics.forget_function(name)
         log.info("function %s removed; its instances drain and stop", name)
 
     def _close_later(self, pool: Pool) -> None:
@@ -205,8 +209,9 @@ class Gateway:
         self._refuse_when_draining()
         pool = self.pool(name)
         passed = {low: v for k, v in headers.items() if (low := k.lower()) not in DROPPED_HEADERS}
+        started = time.monotonic()
         if traced is not None:
-            return await self._invoke_traced(pool, body, passed, traced)
+            return await self._invoke_traced(pool, body, passed, traced, started)
         status = "error"
         try:
 
@@ -229,7 +234,7 @@ class Gateway:
             status = str(e.http_status)
             raise
         finally:
-            pool.count_invocation(status)
+            pool.count_invocation(status, started=started)
 
     async def infer(
         self,
@@ -241,6 +246,7 @@ class Gateway:
         :func:`trims.runtime.gateway.traced.response_headers`)."""
         self._refuse_when_draining()
         pool = self.pool(name)
+        started = time.monotonic()
         status = "error"
         try:
 
@@ -268,10 +274,15 @@ class Gateway:
             status = str(e.http_status)
             raise
         finally:
-            pool.count_invocation(status)
+            pool.count_invocation(status, protocol="v2", samples=_batch(inputs), started=started)
 
     async def _invoke_traced(
-        self, pool: Pool, body: bytes, passed: Mapping[str, str], traced: TracedCall
+        self,
+        pool: Pool,
+        body: bytes,
+        passed: Mapping[str, str],
+        traced: TracedCall,
+        started: float,
     ) -> Outcome:
         """:meth:`invoke` for a request that asked for a trace (kept apart from the hot path)."""
         status = "error"
@@ -311,7 +322,7 @@ class Gateway:
             status = str(e.http_status)
             raise
         finally:
-            pool.count_invocation(status)
+            pool.count_invocation(status, started=started)
         headers = {**outcome.headers, **self._finish_trace(traced)}
         return Outcome(outcome.status, headers, outcome.body)
 
@@ -388,6 +399,15 @@ class Gateway:
 
     def _instance_counts(self) -> dict[str, dict[str, int]]:
         return {name: pool.counts() for name, pool in self.pools.items()}
+
+    def _pending_counts(self) -> dict[str, int]:
+        return {name: pool.pending for name, pool in self.pools.items()}
+
+
+def _batch(inputs: Mapping[str, np.ndarray]) -> int:
+    """Samples in an infer request: the first input's leading dimension (1 for a scalar)."""
+    first = next(iter(inputs.values()), None)
+    return int(first.shape[0]) if first is not None and first.ndim > 0 else 1
 
 
 def tracing_enabled() -> bool:

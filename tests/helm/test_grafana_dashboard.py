@@ -26,8 +26,9 @@ def exported_metrics() -> set[str]:
     from trims.daemon.metrics import DaemonMetrics
     from trims.runtime.gateway.metrics import GatewayMetrics
 
-    registries = [GatewayMetrics(lambda: {}).registry, DaemonMetrics().registry]
-    names = {"trims_instances"}  # collected at scrape time, from the pool's counts
+    registries = [GatewayMetrics(lambda: {}, lambda: {}).registry, DaemonMetrics().registry]
+    # collected at scrape time, from the pools' counts
+    names = {"trims_instances", "trims_pending_requests"}
     for registry in registries:
         for family in registry.collect():
             names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))

@@ -6,8 +6,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from tests.runtime.gateway.conftest import PRELOAD, pid_alive, wait_until
@@ -36,7 +38,19 @@ def _examples(root: Path) -> Path:
         (root / name / "prepare.py").write_text(prepare)
         (root / name / "handler.py").write_text(HANDLER)
         (root / name / "function.yaml").write_text(f"name: {name}\nhandler: handler:handler\n")
+    # One that needs a Python environment this gateway does not declare (as mxnet_digits does).
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "handler.py").write_text(HANDLER)
+    (root / "elsewhere" / "function.yaml").write_text(
+        "name: elsewhere\nhandler: handler:handler\nenvironment: mxnet\n"
+    )
     return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
@@ -45,10 +59,12 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
     env["TRIMS_RUNTIME_DIR"] = str(tmp_path / "run")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     examples = _examples(tmp_path / "examples")
+    metrics_port = _free_port()
     cmd = [
         sys.executable, "-m", "trims", "up", "--examples", "--port", "0",
         "--examples-dir", str(examples),
         "--store-dir", str(tmp_path / "store"), "--preload", ",".join(PRELOAD),
+        "--daemon-metrics-address", f"127.0.0.1:{metrics_port}",
     ]  # fmt: skip
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=env)
@@ -72,6 +88,11 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
         assert (status, body) == (200, b"weights ready")
         assert "example broken skipped: prepare.py exited 1: no weights" in text
         assert "functions      echo, prepared\n" in text
+        assert "example elsewhere not deployed" in text
+        assert "environment 'mxnet' is not declared" in text
+        # The daemon serves its metrics where `trims up --daemon-metrics-address` said.
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+            assert b"trims_connections" in r.read()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert wait_until(lambda: not pid_alive(daemon_pid), 10)
