@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trims.errors import ValidationError
-from trims.runtime.functions import Context, Request
+from trims.runtime.functions import ClientError, Context, Request
 
 FEATURES = 64
 #: scikit-learn's digits are 0-16 grey levels; the model was trained on them divided by 16.
@@ -50,14 +49,18 @@ def _images(body: Any) -> np.ndarray:
     """The request's images as float32 rows scaled to [0, 1]; a client mistake is a 422 that
     says what to send."""
     if not isinstance(body, dict) or not ({"pixels", "images"} & body.keys()):
-        raise ValidationError('send {"pixels": [64 numbers]} or {"images": [[64 numbers], ...]}')
+        raise ClientError(
+            'send {"pixels": [64 numbers]} or {"images": [[64 numbers], ...]}', status=422
+        )
     rows = [body["pixels"]] if "pixels" in body else body["images"]
     try:
         x = np.asarray(rows, dtype=np.float32)
     except (TypeError, ValueError) as e:
-        raise ValidationError(f"images must be lists of 64 numbers: {e}") from None
+        raise ClientError(f"images must be lists of 64 numbers: {e}", status=422) from None
     if x.ndim != 2 or x.shape[1] != FEATURES or len(x) == 0:
-        raise ValidationError(f"each image is 64 numbers (8x8, row by row); got shape {x.shape}")
+        raise ClientError(
+            f"each image is 64 numbers (8x8, row by row); got shape {x.shape}", status=422
+        )
     return x * SCALE
 
 

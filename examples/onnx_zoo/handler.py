@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from trims.runtime.functions import Context, Request
+from trims.runtime.functions import ClientError, Context, Request
 
 #: ONNX Runtime's input type strings -> the NumPy dtype a feed is cast to.
 _DTYPES = {
@@ -54,8 +54,25 @@ def infer(inputs: dict[str, np.ndarray], ctx: Context) -> dict[str, np.ndarray]:
 
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
     session = ctx.state["session"]
-    array = np.load(io.BytesIO(request.body), allow_pickle=False)
-    (output,) = infer({session.get_inputs()[0].name: array}, ctx).values()
+    first = session.get_inputs()[0]
+    try:
+        array = np.load(io.BytesIO(request.body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ClientError(
+            f"the body must be a .npy array (numpy.save) for input {first.name!r} of shape "
+            f"{first.shape}: {e}",
+            status=422,
+        ) from None
+    expected = [d if isinstance(d, int) else None for d in first.shape]
+    if array.ndim != len(expected) or any(
+        d is not None and d != n for d, n in zip(expected, array.shape, strict=True)
+    ):
+        raise ClientError(
+            f"input {first.name!r} must have shape {first.shape} (a string is any size); got "
+            f"{list(array.shape)}",
+            status=422,
+        )
+    (output,) = infer({first.name: array}, ctx).values()
     scores = output.reshape(output.shape[0], -1)[0]
     top = np.argsort(scores)[::-1][:5]
     return {"top5": [{"class": int(c), "score": float(scores[c])} for c in top]}

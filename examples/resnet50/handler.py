@@ -16,7 +16,7 @@ import torch
 from network import ResNet50
 
 from trims.runtime.adapters.torch import load_module
-from trims.runtime.functions import Context, Request
+from trims.runtime.functions import ClientError, Context, Request
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
@@ -31,9 +31,15 @@ def _decode(request: Request) -> np.ndarray:
     if request.body[:6] == b"\x93NUMPY":
         array = np.load(io.BytesIO(request.body), allow_pickle=False).astype(np.float32)
         return array[None] if array.ndim == 3 else array
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    image = Image.open(io.BytesIO(request.body)).convert("RGB").resize((224, 224))
+    try:
+        image = Image.open(io.BytesIO(request.body)).convert("RGB").resize((224, 224))
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ClientError(
+            f"the body must be a PNG or JPEG image, or a .npy array [3, H, W] / [N, 3, H, W]: {e}",
+            status=422,
+        ) from None
     pixels = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
     return ((pixels - MEAN) / STD)[None]
 

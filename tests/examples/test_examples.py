@@ -85,6 +85,13 @@ async def test_onnx_zoo_matches_the_reference_output(
     np.save(buf, feeds["data_0"])
     top5 = json.loads((await instance.invoke(buf.getvalue(), {}, timeout=60, trace={})).body)
     assert top5["top5"][0]["score"] == pytest.approx(float(expected_output("squeezenet").max()))
+    # Client mistakes are 422s that say what to send, and the instance keeps serving.
+    wrong = io.BytesIO()
+    np.save(wrong, np.zeros((3, 224, 224), np.float32))
+    for body, message in ((b"not npy", "must be a .npy array"), (wrong.getvalue(), "shape")):
+        with pytest.raises(ValidationError, match=message):
+            await instance.invoke(body, {}, timeout=60, trace={})
+    assert instance.alive()
 
 
 GOLDEN = {
@@ -156,7 +163,8 @@ async def test_resnet50_classifies_through_the_store(
 
     out = tmp_path / "resnet50.safetensors"
     prepare = _prepare_module("resnet50")
-    assert prepare.main(["--out", str(out), "--socket", str(store_daemon.socket)]) == 0
+    argv = ["--out", str(out), "--socket", str(store_daemon.socket), "--samples", str(tmp_path)]
+    assert prepare.main(argv) == 0
     executor = local_executor(store_socket=store_daemon.socket, preload=("numpy", "torch"))
     instance = await _start(executor, _spec_with_source("resnet50", out))
     image = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
@@ -182,6 +190,14 @@ async def test_resnet50_classifies_through_the_store(
     np.save(buf, image[0])
     reply = json.loads((await instance.invoke(buf.getvalue(), {}, timeout=120, trace={})).body)
     assert reply["predictions"][0][0]["class"] == int(expected.argmax())
+    # The README's call: the sample photo prepare.py copies, a JPEG decoded by Pillow.
+    photo = (tmp_path / "flower.jpg").read_bytes()
+    assert photo[:2] == b"\xff\xd8"
+    reply = json.loads((await instance.invoke(photo, {}, timeout=120, trace={})).body)
+    (top,) = reply["predictions"]
+    assert len(top) == 5 and all(0.0 <= p["probability"] <= 1.0 for p in top)
+    with pytest.raises(ValidationError, match="must be a PNG or JPEG image"):
+        await instance.invoke(b"GIF89a not really", {}, timeout=120, trace={})
 
 
 def _mxnet_python() -> str | None:
