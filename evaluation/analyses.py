@@ -8,12 +8,14 @@ command prints and writes them; the benchmark function returns the body.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trims.config import results_db
 from trims.evaluation.families import FAMILIES
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ def make_settings(
     threads: int = 1,
     batch: int = 1,
     granularity: str | Sequence[int] = "1,5,20",
-    db: str = "trims-results.sqlite",
+    db: str | None = None,
     force: bool = False,
     max_time: float = 0.5,
     min_reps: int | None = None,
@@ -112,7 +114,7 @@ def make_settings(
         threads=threads,
         batch=batch,
         granularities=sizes,
-        db=db,
+        db=db if db is not None else results_db(os.environ),
         force=force,
         max_time_s=max_time,
         min_reps=min_reps or (3 if analysis == "bricks" else 7),

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
-from trims.config import write_atomic
+from trims.config import results_db, write_atomic
 from trims.evaluation.analyses import AnalyzeSettings, analyze, make_settings
 
 
@@ -36,7 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--granularity", default="1,5,20", help="brick sizes G (layers)")
     parser.add_argument(
-        "--db", default="trims-results.sqlite", help="SQLite path or SQLAlchemy URL"
+        "--db",
+        help="SQLite path or SQLAlchemy URL (default $TRIMS_RESULTS_DB, else "
+        "~/.local/share/trims/results.sqlite)",
     )
     parser.add_argument("--json", dest="json_out", type=Path, help="write results as JSON here")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
@@ -73,7 +76,7 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
         threads=args.threads,
         batch=args.batch,
         granularity=args.granularity,
-        db=args.db,
+        db=args.db or results_db(os.environ),
         force=args.force,
         max_time=args.max_time,
         min_reps=args.min_reps,

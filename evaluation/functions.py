@@ -114,7 +114,7 @@ def _checked(body: dict[str, Any], own: Collection[str]) -> dict[str, Any]:
 
 
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
-    from trims.config import data_dir
+    from trims.config import results_db
 
     body = request.json()
     if not isinstance(body, dict) or body.get("analysis") not in ANALYSES:
@@ -127,9 +127,7 @@ def handler(request: Request, ctx: Context) -> dict[str, Any]:
         for name in fields.get("models", ())
         if name.startswith(STORE_PREFIX)
     }
-    db = str(ctx.config.get("db") or data_dir(os.environ) / "evaluation.sqlite")
-    if "://" not in db:
-        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    db = str(ctx.config.get("db") or results_db(os.environ))
     settings = make_settings(
         body["analysis"],
         db=db,

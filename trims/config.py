@@ -66,6 +66,17 @@ def data_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "trims" / "store"
 
 
+def results_db(env: Mapping[str, str]) -> str:
+    """The results database evaluations, traces and layer analyses share by default:
+    $TRIMS_RESULTS_DB (a SQLite path or SQLAlchemy URL), else
+    $XDG_DATA_HOME/trims/results.sqlite (~/.local/share/trims/results.sqlite), never a file
+    in the working directory."""
+    if env.get("TRIMS_RESULTS_DB"):
+        return env["TRIMS_RESULTS_DB"]
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "trims" / "results.sqlite")
+
+
 def default_socket(env: Mapping[str, str]) -> Path:
     """The store socket clients connect to: $TRIMS_SOCKET, else <runtime dir>/store.sock."""
     if env.get("TRIMS_SOCKET"):

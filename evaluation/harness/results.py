@@ -42,7 +42,6 @@ from trims.evaluation.db import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_DB",
     "METRICS",
     "AccuracyResult",
     "Comparison",
@@ -63,8 +62,6 @@ __all__ = [
     "report_entry",
 ]
 
-#: The database ``trims analyze``, ``trims trace`` and ``trims evaluate`` share by default.
-DEFAULT_DB = "trims-results.sqlite"
 #: Distributions whose versions a system description lists (those installed).
 FRAMEWORK_DISTRIBUTIONS = (
     "torch",
@@ -78,8 +75,12 @@ FRAMEWORK_DISTRIBUTIONS = (
 
 
 def default_db_url(environ: Mapping[str, str]) -> str:
-    """``$TRIMS_RESULTS_DB`` if set, else :data:`DEFAULT_DB` (``--db`` overrides both)."""
-    return environ.get("TRIMS_RESULTS_DB") or DEFAULT_DB
+    """The database ``trims analyze``, ``trims trace``, ``trims evaluate`` and the web UI share
+    without ``--db``: :func:`trims.config.results_db` (``$TRIMS_RESULTS_DB``, else
+    ``~/.local/share/trims/results.sqlite``)."""
+    from trims.config import results_db
+
+    return results_db(environ)
 
 
 def manifest_digest(manifest: Mapping[str, Any]) -> str:

@@ -3,9 +3,10 @@ command line.
 
 Each subcommand is a ``configure_X(parser)`` / ``run_X(args) -> int`` pair; :func:`configure`
 adds them to the ``trims evaluate`` subparsers (each sets ``args.run``). The database is
-``--db URL`` if given, else ``$TRIMS_RESULTS_DB``, else ``trims-results.sqlite`` (the default
-``trims analyze`` and ``trims trace`` use), read once when the command runs. ``ls``, ``show``
-and ``compare`` open it read-only: they never create or migrate a database.
+``--db URL`` if given, else ``$TRIMS_RESULTS_DB``, else ``~/.local/share/trims/results.sqlite``
+(:func:`trims.config.results_db`, the default ``trims analyze`` and ``trims trace`` use), read
+once when the command runs. ``ls``, ``show`` and ``compare`` open it read-only: they never
+create or migrate a database.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _add_db(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--db",
         help=f"{what}: SQLite path or SQLAlchemy URL (postgresql+psycopg://USER@HOST/DB); "
-        "default $TRIMS_RESULTS_DB, else trims-results.sqlite",
+        "default $TRIMS_RESULTS_DB, else ~/.local/share/trims/results.sqlite",
     )
 
 

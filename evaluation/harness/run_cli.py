@@ -106,7 +106,8 @@ def configure(subparsers: Any) -> None:
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the results as JSON")
     parser.add_argument(
         "--db",
-        help="SQLite path or SQLAlchemy URL; default $TRIMS_RESULTS_DB, else trims-results.sqlite",
+        help="SQLite path or SQLAlchemy URL; default $TRIMS_RESULTS_DB, else "
+        "~/.local/share/trims/results.sqlite",
     )
     parser.add_argument(
         "--mlperf-defaults", action="store_true",

@@ -11,16 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
-from trims.config import write_atomic
+from trims.config import results_db, write_atomic
 from trims.evaluation.tracing.run import DEPTHS, MAX_BATCH, MAX_RUNS, make_request, trace
 from trims.evaluation.tracing.workload import EXAMPLE, FRAMEWORKS
 
 log = logging.getLogger(__name__)
-
-#: where traces go without --db: the database ``trims analyze`` uses by default
-DEFAULT_DB = "trims-results.sqlite"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", type=Path, help="write the summary JSON here")
     parser.add_argument("--chrome", type=Path, help="write the Chrome trace-event JSON here")
     parser.add_argument("--otlp-endpoint", help="POST the trace to this OTLP/HTTP traces URL")
-    parser.add_argument("--db", default=DEFAULT_DB, help="SQLite path or SQLAlchemy URL")
+    parser.add_argument(
+        "--db",
+        help="SQLite path or SQLAlchemy URL (default $TRIMS_RESULTS_DB, else "
+        "~/.local/share/trims/results.sqlite, the database trims analyze and evaluate use)",
+    )
     parser.add_argument("--no-store", action="store_true", help="do not store the trace")
     parser.add_argument(
         "--compare", help="a trace id in --db or a summary JSON file to compare this trace with"
@@ -54,6 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     from trims.evaluation.tracing import analyses, store
+
+    args.db = args.db or results_db(os.environ)
 
     request = make_request(
         args.model,

@@ -37,6 +37,9 @@ def test_default_paths_follow_the_environment() -> None:
     )
     assert config.data_dir({"TRIMS_STORE_DIR": "/d"}) == Path("/d")
     assert config.admin_socket_for(Path("/r/store.sock")) == Path("/r/store.admin.sock")
+    assert config.results_db({"TRIMS_RESULTS_DB": "postgresql://h/db"}) == "postgresql://h/db"
+    assert config.results_db({"XDG_DATA_HOME": "/data"}) == "/data/trims/results.sqlite"
+    assert config.results_db({}).endswith("/.local/share/trims/results.sqlite")
 
 
 def test_daemon_settings_reject_unknown_policy(tmp_path: Path) -> None:

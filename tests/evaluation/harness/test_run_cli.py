@@ -334,3 +334,28 @@ def test_the_gateway_sut_needs_a_url(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert done.returncode == 1
     assert "--sut gateway needs the gateway" in done.stderr
     assert not (tmp_path / "r.sqlite").exists()
+
+
+def test_results_go_to_the_user_data_folder_not_the_working_directory(tmp_path: Path) -> None:
+    """Without --db and $TRIMS_RESULTS_DB, ``trims evaluate`` records into
+    ``$XDG_DATA_HOME/trims/results.sqlite`` (created 0700) and ``ls`` reads the same file."""
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRIMS_RESULTS_DB"}
+    env["XDG_DATA_HOME"] = str(data)
+    base = [sys.executable, "-m", "trims.cli", "evaluate"]
+    done = subprocess.run(
+        [*base, "run", "digits-mlp", "--quick"],
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(cwd.iterdir()) == [], "nothing is written into the working directory"
+    db = data / "trims" / "results.sqlite"
+    assert db.is_file() and (db.parent.stat().st_mode & 0o777) == 0o700
+    listed = subprocess.run(
+        [*base, "ls", "--json"], capture_output=True, text=True, cwd=cwd, env=env, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["evaluations"]
+    assert [row["model"] for row in rows] == ["digits-mlp"]
