@@ -379,6 +379,13 @@ STEPS: tuple[Step, ...] = (
         kernel_step("als"),
     ),
     Step(
+        "oip-cuda-shm",
+        60,
+        "Triton's CUDA shared memory on a real gateway: x read from exported device memory, "
+        "y = 2x written back into it",
+        tier_step("cuda-shm"),
+    ),
+    Step(
         "share-4",
         90,
         "4 processes acquire one 1 GiB GPU-tier model: acquire time, device memory",

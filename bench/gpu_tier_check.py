@@ -554,7 +554,131 @@ def layout_mib(model_mb: int) -> float:
     return sum(a.nbytes for a in model_tensors(model_mb).values()) / (1 << 20)
 
 
-CHECKS = {"tier": check_tier, "torch": check_torch, "share": check_share}
+DOUBLER = """
+import numpy as np
+
+def infer(inputs, ctx):
+    return {"y": (inputs["x"] * 2).astype(np.float32)}
+
+def handler(request, ctx):
+    return b"use /v2"
+"""
+
+
+def check_cuda_shm(args: argparse.Namespace) -> dict[str, Any]:
+    """Triton's CUDA shared-memory extension on a real gateway: a process exports device memory
+    holding x (legacy CUDA IPC, what cudaIpcGetMemHandle gives a Triton client), the gateway
+    registers it, an infer reads x from it and writes y = 2x back into it, and a third process
+    opens the same handle and finds y there."""
+    import base64
+    import urllib.request
+
+    import numpy as np
+
+    from trims.runtime.adapters.cuda import IpcBuffer
+
+    code = Path(args.work) / "cuda-shm-fn"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "handler.py").write_text(DOUBLER)
+    for path in (code, code / "handler.py", Path(args.work)):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    exporter = subprocess.Popen(
+        _me("export-ipc", args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    gateway = None
+    try:
+        assert exporter.stdout is not None and exporter.stdin is not None
+        exported = json.loads(exporter.stdout.readline())
+        raw = bytes.fromhex(exported["handle"]["ipc_handle"])
+        size = int(exported["manifest"]["total_bytes"])
+        x = np.arange(16, dtype=np.float32)
+        IpcBuffer(0, raw, size).write(0, x.tobytes())  # the client fills its input
+        log_path = Path(args.work) / "cuda-shm-gateway.log"
+        with open(log_path, "wb") as log_file:
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "trims", "gateway", "--port", "0", "--no-auth",
+                 "--preload", "numpy", "--store-socket", str(Path(args.work) / "none.sock")],
+                stdout=subprocess.DEVNULL, stderr=log_file,
+            )  # fmt: skip
+        url = _wait_for_url(log_path, gateway)
+
+        def call(method: str, path: str, body: Any) -> Any:
+            data = None if body is None else json.dumps(body).encode()
+            request = urllib.request.Request(
+                url + path, method=method, data=data, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return json.loads(r.read() or b"{}")
+
+        call("PUT", "/v1/functions/doubler", {
+            "name": "doubler", "handler": "handler:handler", "code_dir": str(code),
+            "serves": {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                       "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}]},
+        })  # fmt: skip
+        t0 = time.perf_counter()
+        call("POST", "/v2/cudasharedmemory/region/dev/register", {
+            "raw_handle": {"b64": base64.b64encode(raw).decode()}, "device_id": 0,
+            "byte_size": size,
+        })  # fmt: skip
+        register_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        answer = call("POST", "/v2/models/doubler/infer", {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [16], "parameters": {
+                "shared_memory_region": "dev", "shared_memory_byte_size": 64}}],
+            "outputs": [{"name": "y", "parameters": {
+                "shared_memory_region": "dev", "shared_memory_byte_size": 64,
+                "shared_memory_offset": 4096}}],
+        })  # fmt: skip
+        infer_s = time.perf_counter() - t0
+        reader = IpcBuffer(0, raw, size)
+        y = np.frombuffer(reader.read(4096, 64), dtype=np.float32)
+        reader.close()
+        if not np.array_equal(y, x * 2):
+            raise CheckFailed(f"y in device memory is {y[:4]}..., expected {x[:4] * 2}...")
+        regions = call("GET", "/v2/cudasharedmemory/status", None)
+        if [r["name"] for r in regions] != ["dev"]:
+            raise CheckFailed(f"the status lists {regions}, expected the region dev")
+        call("POST", "/v2/cudasharedmemory/region/dev/unregister", {})
+        params = answer["outputs"][0].get("parameters", {})
+        if params.get("shared_memory_region") != "dev":
+            raise CheckFailed(f"the answer's output names {params}, not the region dev")
+        return {
+            "status": "passed",
+            "figures": {"register_ms": register_s * 1e3, "infer_ms": infer_s * 1e3},
+            "detail": "y = 2x read back from device memory through a second handle",
+        }
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(30)
+        if exporter.stdin is not None:
+            exporter.stdin.write("\n")
+            exporter.stdin.flush()
+        exporter.wait(30)
+
+
+def _wait_for_url(log_path: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The URL a ``trims gateway`` prints once it listens (its log), or CheckFailed."""
+    import re
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        found = re.search(r"trims gateway ready url=(\S+)", text)
+        if found:
+            return found.group(1)
+        if proc.poll() is not None:
+            raise CheckFailed(f"the gateway exited {proc.returncode}: {text[-500:]}")
+        time.sleep(0.1)
+    raise CheckFailed("the gateway did not get ready in 60 s")
+
+
+CHECKS = {
+    "tier": check_tier,
+    "torch": check_torch,
+    "share": check_share,
+    "cuda-shm": check_cuda_shm,
+}
 ROLES = {
     "read": role_read,
     "export-ipc": role_export_ipc,

@@ -41,16 +41,22 @@ class _IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_char * 64)]
 
 
-class _Driver:
-    """The few driver calls we use, each checked."""
+#: What a GPU-tier import says it was doing, and what to do instead, when the driver fails.
+_IMPORTING = ("importing a GPU-tier model", "acquire with tier='cpu'")
 
-    def __init__(self) -> None:
+
+class _Driver:
+    """The few driver calls we use, each checked; ``doing`` = (what this is for, what to do
+    instead) for the messages."""
+
+    def __init__(self, doing: tuple[str, str] = _IMPORTING) -> None:
+        self.doing = doing
         try:
             self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as e:
             raise Unavailable(
-                "this process cannot load the CUDA driver (libcuda.so.1) to import a GPU-tier "
-                "model; run on a GPU node or acquire with tier='cpu'"
+                f"this process cannot load the CUDA driver (libcuda.so.1) for {doing[0]}; run "
+                f"on a GPU node or {doing[1]}"
             ) from e
         self.check("cuInit", 0)
 
@@ -60,9 +66,22 @@ class _Driver:
             name = ctypes.c_char_p()
             self.lib.cuGetErrorName(rc, ctypes.byref(name))
             raise Unavailable(
-                f"CUDA {fn} failed with {(name.value or b'?').decode()} ({rc}) while importing a "
-                "GPU-tier model; acquire with tier='cpu' or check the GPU with nvidia-smi"
+                f"CUDA {fn} failed with {(name.value or b'?').decode()} ({rc}) while "
+                f"{self.doing[0]}; {self.doing[1]} or check the GPU with nvidia-smi"
             )
+
+    def device_by_index(self, index: int) -> int:
+        """The CUdevice of device ``index`` (as this process numbers them)."""
+        count = ctypes.c_int()
+        self.check("cuDeviceGetCount", ctypes.byref(count))
+        if not 0 <= index < count.value:
+            raise ValidationError(
+                f"no CUDA device {index} in this process: it sees {count.value}; check "
+                "CUDA_VISIBLE_DEVICES"
+            )
+        dev = ctypes.c_int()
+        self.check("cuDeviceGet", ctypes.byref(dev), index)
+        return dev.value
 
     def device_by_uuid(self, uuid: str) -> tuple[int, int]:
         """(CUdevice, index) of the device whose UUID is ``uuid`` ("GPU-xxxxxxxx-...")."""
@@ -191,4 +210,77 @@ class DeviceMapping:
             d.check("cuMemRelease", ctypes.c_ulonglong(self._mem_handle or 0))
         else:
             d.check("cuIpcCloseMemHandle", ctypes.c_ulonglong(self.pointer))
+        d.check("cuDevicePrimaryCtxRelease_v2", self._device)
+
+
+class IpcBuffer:
+    """Device memory another process exported with ``cudaIpcGetMemHandle``, opened here
+    (what Triton's CUDA shared-memory extension registers); copies in and out of it.
+
+    Every call makes the device's primary context current on the calling thread and leaves
+    it current (the gateway calls from its event loop thread only).
+    """
+
+    def __init__(self, device_index: int, raw_handle: bytes, size: int) -> None:
+        if len(raw_handle) != 64:
+            raise ValidationError(
+                f"a CUDA IPC handle is 64 bytes (cudaIpcMemHandle_t), got {len(raw_handle)}"
+            )
+        self._driver = _Driver(("opening a CUDA shared-memory region", "send the tensors"))
+        d = self._driver
+        self._device = d.device_by_index(device_index)
+        self._ctx = ctypes.c_void_p()
+        d.check("cuDevicePrimaryCtxRetain", ctypes.byref(self._ctx), self._device)
+        try:
+            d.check("cuCtxSetCurrent", self._ctx)
+            ptr = ctypes.c_ulonglong()
+            d.check(
+                "cuIpcOpenMemHandle_v2", ctypes.byref(ptr), _IpcHandle(raw_handle),
+                CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+            )  # fmt: skip
+        except BaseException:
+            d.check("cuDevicePrimaryCtxRelease_v2", self._device)
+            raise
+        self.pointer = ptr.value
+        self.size = size
+        self.device_index = device_index
+        self._closed = False
+
+    def _bounds(self, offset: int, size: int) -> None:
+        if self._closed:
+            raise ValidationError("the CUDA shared-memory region was unregistered")
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise ValidationError(
+                f"{size} bytes at offset {offset} run past the region's {self.size} bytes"
+            )
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``, copied to the host."""
+        self._bounds(offset, size)
+        out = ctypes.create_string_buffer(size)
+        d = self._driver
+        d.check("cuCtxSetCurrent", self._ctx)
+        d.check(
+            "cuMemcpyDtoH_v2", out, ctypes.c_ulonglong(self.pointer + offset), ctypes.c_size_t(size)
+        )
+        return out.raw
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Copy ``data`` to ``offset``."""
+        self._bounds(offset, len(data))
+        d = self._driver
+        d.check("cuCtxSetCurrent", self._ctx)
+        d.check(
+            "cuMemcpyHtoD_v2", ctypes.c_ulonglong(self.pointer + offset), data,
+            ctypes.c_size_t(len(data)),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Close the IPC mapping and release the context (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        d = self._driver
+        d.check("cuCtxSetCurrent", self._ctx)
+        d.check("cuIpcCloseMemHandle", ctypes.c_ulonglong(self.pointer))
         d.check("cuDevicePrimaryCtxRelease_v2", self._device)

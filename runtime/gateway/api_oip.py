@@ -21,10 +21,9 @@ from trims.errors import NotFound
 from trims.oip import platform_of
 from trims.runtime.functions.spec import ServedModel, TensorMeta
 from trims.runtime.gateway import api_oip_shm, oip_repository
-from trims.runtime.gateway.api_oip_shm import owner_of, registry_of
+from trims.runtime.gateway.api_oip_shm import SharedMemory, owner_of, registry_of
 from trims.runtime.gateway.context import auth_of, gateway_of, json_response, read_body
 from trims.runtime.gateway.oip_repository import repository_of
-from trims.runtime.gateway.oip_shm import SharedMemoryRegistry
 from trims.runtime.gateway.tensors import (
     HEADER_LENGTH,
     InferRequest,
@@ -39,7 +38,8 @@ from trims.runtime.gateway.tensors import (
 )
 from trims.runtime.gateway.traces import traced_call
 
-#: What ``GET /v2`` lists, in Triton's names.
+#: What ``GET /v2`` lists, in Triton's names (and ``cuda_shared_memory`` where this process
+#: can load the CUDA driver).
 EXTENSIONS = ("binary_tensor_data", "model_repository", "system_shared_memory")
 
 
@@ -55,7 +55,8 @@ def _served(request: web.Request, name: str, version: str | None) -> ServedModel
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return json_response({"name": "trims", "version": __version__, "extensions": list(EXTENSIONS)})
+    extensions = [*EXTENSIONS, *(["cuda_shared_memory"] if api_oip_shm.cuda_available() else [])]
+    return json_response({"name": "trims", "version": __version__, "extensions": extensions})
 
 
 async def live(request: web.Request) -> web.Response:
@@ -122,7 +123,7 @@ async def infer(request: web.Request) -> web.Response:
 
 
 def _read_shm_inputs(
-    registry: SharedMemoryRegistry, owner: str, parsed: InferRequest
+    registry: SharedMemory, owner: str, parsed: InferRequest
 ) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for item in parsed.shm_inputs:
@@ -133,7 +134,7 @@ def _read_shm_inputs(
 
 
 def _write_shm_outputs(
-    registry: SharedMemoryRegistry,
+    registry: SharedMemory,
     owner: str,
     parsed: InferRequest,
     outputs: Mapping[str, np.ndarray],

@@ -13,31 +13,69 @@ are only good for infer. They answer loopback callers only: a client elsewhere c
 memory with this host; and a caller may register only objects its own local user owns (Note
 [region owners] in ``oip_shm``).
 
-CUDA shared memory (``/v2/cudasharedmemory/...``) needs CUDA IPC in the gateway, which this
-gateway does not have (not built yet; and on a host without a GPU it could not have it): every
-route answers 400 saying so and pointing to system shared memory (400, not 501: what the caller
-should change is the request).
+CUDA shared memory (see :mod:`trims.runtime.gateway.oip_cuda_shm`), the same routes under
+``/v2/cudasharedmemory``, registering ``{"raw_handle": {"b64"}, "device_id", "byte_size"}``:
+on a host without a CUDA driver a registration answers 400 saying so (400, not 501: what the
+caller should change is the request). A region name is one namespace per token across both
+kinds; infer finds a region by its name in either.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import ipaddress
-import os
 
 from aiohttp import web
 
 from trims.errors import PermissionDenied, RequestError, Unauthorized
 from trims.runtime.gateway.context import auth_of, json_response, read_json
+from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
 from trims.runtime.gateway.oip_shm import SharedMemoryRegistry
 from trims.runtime.gateway.peer_cred import peer_uid
+from trims.runtime.gateway.tensors import ShmRef
 
-__all__ = ["SHM", "add_routes", "owner_of", "registry_of"]
-
-SHM = web.AppKey("trims.oip.shm", SharedMemoryRegistry)
+__all__ = ["SHM", "SharedMemory", "add_routes", "cuda_available", "owner_of", "registry_of"]
 
 
-def registry_of(request: web.Request) -> SharedMemoryRegistry:
+class SharedMemory:
+    """Both kinds of regions; infer reads and writes a region by name, whichever kind it is."""
+
+    def __init__(self) -> None:
+        self.system = SharedMemoryRegistry()
+        self.cuda = CudaSharedMemoryRegistry()
+
+    def read(self, owner: str, ref: ShmRef, what: str) -> bytes:
+        if self.cuda.has(owner, ref.region):
+            return self.cuda.read(owner, ref, what)
+        return self.system.read(owner, ref, what)
+
+    def write(self, owner: str, ref: ShmRef, data: bytes, what: str) -> None:
+        if self.cuda.has(owner, ref.region):
+            self.cuda.write(owner, ref, data, what)
+        else:
+            self.system.write(owner, ref, data, what)
+
+    def close(self) -> None:
+        self.system.close()
+        self.cuda.close()
+
+
+SHM = web.AppKey("trims.oip.shm", SharedMemory)
+
+
+def registry_of(request: web.Request) -> SharedMemory:
     return request.app[SHM]
+
+
+@functools.cache
+def cuda_available() -> bool:
+    """Whether this process can load the CUDA driver (``GET /v2`` then lists the extension)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def owner_of(request: web.Request) -> str:
@@ -85,7 +123,22 @@ def _require_local_invoker(request: web.Request) -> str:
 
 async def status(request: web.Request) -> web.Response:
     owner = _require_local_invoker(request)
-    return json_response(registry_of(request).status(owner, request.match_info.get("region")))
+    regions = registry_of(request).system
+    return json_response(regions.status(owner, request.match_info.get("region")))
+
+
+def _name_free(request: web.Request, owner: str, name: str, other: str) -> None:
+    shm = registry_of(request)
+    taken = (
+        shm.cuda.has(owner, name)
+        if other == "cuda"
+        else name in {r["name"] for r in shm.system.status(owner)}
+    )
+    if taken:
+        raise RequestError(
+            f"region name {name!r} is a {other} shared-memory region of this token; a name "
+            "is one region across system and CUDA shared memory"
+        )
 
 
 async def register(request: web.Request) -> web.Response:
@@ -95,9 +148,11 @@ async def register(request: web.Request) -> web.Response:
         raise RequestError(
             'register needs a JSON object {"key": str, "offset": int, "byte_size": int}'
         )
-    registry_of(request).register(
-        owner, request.match_info["region"], doc["key"], doc.get("offset", 0),
-        doc.get("byte_size"), peer_uid(request.transport),
+    name = request.match_info["region"]
+    _name_free(request, owner, name, "cuda")
+    registry_of(request).system.register(
+        owner, name, doc["key"], doc.get("offset", 0), doc.get("byte_size"),
+        peer_uid(request.transport),
     )  # fmt: skip
     return json_response({})
 
@@ -106,27 +161,39 @@ async def unregister(request: web.Request) -> web.Response:
     owner = _require_local_invoker(request)
     name = request.match_info.get("region")
     if name is None:
-        registry_of(request).unregister_all(owner)
+        registry_of(request).system.unregister_all(owner)
     else:
-        registry_of(request).unregister(owner, name)
+        registry_of(request).system.unregister(owner, name)
     return json_response({})
 
 
-def _cuda_unsupported() -> str:
-    # The NVIDIA driver's control device exists on every host with a usable NVIDIA GPU.
-    why = "no GPU" if not os.path.exists("/dev/nvidiactl") else "its CUDA IPC is not built yet"
-    return (
-        f"CUDA shared memory is not supported on this gateway: {why}; pass tensors in system "
-        "shared memory (/v2/systemsharedmemory) or in the body"
-    )
+async def cuda_status(request: web.Request) -> web.Response:
+    owner = _require_local_invoker(request)
+    regions = registry_of(request).cuda
+    return json_response(regions.status(owner, request.match_info.get("region")))
 
 
-async def cuda(request: web.Request) -> web.Response:
-    raise RequestError(_cuda_unsupported())
+async def cuda_register(request: web.Request) -> web.Response:
+    owner = _require_local_invoker(request)
+    doc = await read_json(request)
+    name = request.match_info["region"]
+    _name_free(request, owner, name, "system")
+    registry_of(request).cuda.register(owner, name, doc)
+    return json_response({})
+
+
+async def cuda_unregister(request: web.Request) -> web.Response:
+    owner = _require_local_invoker(request)
+    name = request.match_info.get("region")
+    if name is None:
+        registry_of(request).cuda.unregister_all(owner)
+    else:
+        registry_of(request).cuda.unregister(owner, name)
+    return json_response({})
 
 
 def add_routes(app: web.Application) -> None:
-    registry = SharedMemoryRegistry()
+    registry = SharedMemory()
     app[SHM] = registry
 
     async def close(app: web.Application) -> None:
@@ -141,8 +208,8 @@ def add_routes(app: web.Application) -> None:
     r.add_post(f"{base}/region/{{region}}/unregister", unregister)
     r.add_post(f"{base}/unregister", unregister)
     cuda_base = "/v2/cudasharedmemory"
-    r.add_get(f"{cuda_base}/status", cuda)
-    r.add_get(f"{cuda_base}/region/{{region}}/status", cuda)
-    r.add_post(f"{cuda_base}/region/{{region}}/register", cuda)
-    r.add_post(f"{cuda_base}/region/{{region}}/unregister", cuda)
-    r.add_post(f"{cuda_base}/unregister", cuda)
+    r.add_get(f"{cuda_base}/status", cuda_status)
+    r.add_get(f"{cuda_base}/region/{{region}}/status", cuda_status)
+    r.add_post(f"{cuda_base}/region/{{region}}/register", cuda_register)
+    r.add_post(f"{cuda_base}/region/{{region}}/unregister", cuda_unregister)
+    r.add_post(f"{cuda_base}/unregister", cuda_unregister)

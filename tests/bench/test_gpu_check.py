@@ -25,7 +25,8 @@ from trims.runtime.client import StoreClient
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ["device", "install", "gpu-tier", "torch-install", "torch-tensors", "pytest-gpu",
-         "kernels-tcu", "kernels-klap", "kernels-transfer", "kernels-als", "share-4"]  # fmt: skip
+         "kernels-tcu", "kernels-klap", "kernels-transfer", "kernels-als", "oip-cuda-shm",
+         "share-4"]  # fmt: skip
 
 
 def _kit(*args: str, out: Path) -> subprocess.CompletedProcess[str]:

@@ -4,6 +4,7 @@ CUDA shared-memory extension's answer on a gateway without GPU support."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import json
 import os
@@ -20,6 +21,8 @@ import pytest
 
 from tests.runtime.gateway.conftest import ADMIN
 from tests.runtime.gateway.test_oip import doubler_spec
+from trims.runtime.gateway.api_oip_shm import SHM, cuda_available
+from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
 from trims.runtime.gateway.oip_shm import MAX_REGIONS_PER_OWNER
 from trims.runtime.settings import Token
 
@@ -181,15 +184,25 @@ def _ownership_and_bounds(url: str) -> None:
             assert "cannot hold it" in _error(
                 client.infer, "doubler", [xin], outputs=[small], headers=alice
             )
-            message = _error(client.get_cuda_shared_memory_status, headers=alice)
-            assert "CUDA shared memory is not supported on this gateway" in message
-            if not os.path.exists("/dev/nvidiactl"):
-                assert "no GPU" in message
+            assert client.get_cuda_shared_memory_status(headers=alice) == []
             extensions = client.get_server_metadata()["extensions"]
             assert {"system_shared_memory", "model_repository"} <= set(extensions)
-            assert "cuda_shared_memory" not in extensions
-            assert "CUDA shared memory is not supported on this gateway" in _error(
-                client.unregister_cuda_shared_memory, headers=alice
+            assert ("cuda_shared_memory" in extensions) == cuda_available()
+            if not cuda_available():
+                handle = base64.b64encode(bytes(64))
+                message = _error(
+                    client.register_cuda_shared_memory, "g", handle, 0, 64, headers=alice
+                )
+                assert "CUDA shared memory is not available on this gateway" in message
+                assert "cannot load the CUDA driver" in message
+            # One name is one region across system and CUDA shared memory.
+            assert "is a system shared-memory region" in _error(
+                client.register_cuda_shared_memory,
+                "a",
+                base64.b64encode(bytes(64)),
+                0,
+                64,
+                headers=alice,
             )
         finally:
             client.unregister_system_shared_memory(headers=alice)
@@ -315,3 +328,79 @@ async def test_only_objects_of_the_calling_user_and_a_shrunk_object_is_a_400(sta
             assert r.status == 400 and "shrank to 8 bytes" in doc["error"], doc
         status, _, _ = await gw.invoke("doubler", b"still serving", _auth(ALICE))
         assert status == 200
+
+
+class _HostBuffer:
+    """Stands in for a CUDA IPC buffer where there is no GPU (the driver calls themselves run
+    in the GPU kit): the bytes a device buffer would hold, and the calls the gateway made."""
+
+    def __init__(self, device_id: int, raw: bytes, size: int) -> None:
+        self.raw, self.device_id, self.data, self.closed = raw, device_id, bytearray(size), False
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.data[offset : offset + size])
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_cuda_regions_carry_inputs_and_outputs_by_reference(start_gateway):
+    """The CUDA extension end to end through tritonclient, the device buffer stood in for:
+    registration parses Triton's body, infer reads and writes by region name, regions belong
+    to their token and are bounds-checked, unregister closes the buffer."""
+    gw = await start_gateway(tokens=(ADMIN, ALICE, BOB))
+    await gw.deploy(doubler_spec())
+    opened: list[_HostBuffer] = []
+
+    def opener(device_id: int, raw: bytes, size: int) -> _HostBuffer:
+        opened.append(_HostBuffer(device_id, raw, size))
+        return opened[-1]
+
+    gw.app[SHM].cuda = CudaSharedMemoryRegistry(opener=opener)
+    await asyncio.to_thread(_cuda_round_trip, gw.url, opened)
+
+
+def _cuda_round_trip(url: str, opened: list[_HostBuffer]) -> None:
+    client = _client(url)
+    alice, bob = _auth(ALICE), _auth(BOB)
+    handle = base64.b64encode(bytes(range(64)))
+    try:
+        client.register_cuda_shared_memory("dev", handle, 0, 64, headers=alice)
+        (buffer,) = opened
+        assert buffer.raw == bytes(range(64)) and buffer.device_id == 0
+        assert client.get_cuda_shared_memory_status(headers=alice) == [
+            {"name": "dev", "device_id": 0, "byte_size": 64}
+        ]
+        assert client.get_cuda_shared_memory_status(headers=bob) == []
+        x = np.arange(4, dtype=np.float32)
+        buffer.write(0, x.tobytes())
+        xin = httpclient.InferInput("x", [4], "FP32")
+        xin.set_shared_memory("dev", 16)
+        yout = httpclient.InferRequestedOutput("y")
+        yout.set_shared_memory("dev", 16, offset=32)
+        result = client.infer("doubler", [xin], outputs=[yout], headers=alice)
+        assert result.get_output("y")["parameters"]["shared_memory_region"] == "dev"
+        np.testing.assert_array_equal(np.frombuffer(buffer.read(32, 16), np.float32), x * 2)
+        assert "no shared-memory region named 'dev'" in _error(
+            client.infer, "doubler", [xin], outputs=[yout], headers=bob
+        )
+        past = httpclient.InferInput("x", [4], "FP32")
+        past.set_shared_memory("dev", 16, offset=56)
+        assert "run past region dev" in _error(
+            client.infer, "doubler", [past], outputs=[yout], headers=alice
+        )
+        for bad, message in [
+            (base64.b64encode(bytes(8)), "a CUDA IPC handle (cudaIpcMemHandle_t) is 64"),
+            (b"not base64!", "not base64"),
+        ]:
+            assert message in _error(
+                client.register_cuda_shared_memory, "bad", bad, 0, 64, headers=alice
+            )
+        client.unregister_cuda_shared_memory("dev", headers=alice)
+        assert buffer.closed
+        assert client.get_cuda_shared_memory_status(headers=alice) == []
+    finally:
+        client.close()
