@@ -183,6 +183,18 @@ _SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "CudaSharedMemoryStatus": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "device_id", "byte_size"],
+            "properties": {
+                "name": {"type": "string"},
+                "device_id": {"type": "integer"},
+                "byte_size": {"type": "integer"},
+            },
+        },
+    },
     "Instance": {
         "type": "object",
         "required": ["id", "state", "inflight"],
@@ -522,7 +534,22 @@ def _oip_paths() -> dict[str, Any]:
             },
         }
     )
-    not_here = _json(_ref("OipError"), "CUDA shared memory is not supported on this gateway")
+    cuda_status = _json(_ref("CudaSharedMemoryStatus"), "this token's CUDA regions")
+    cuda_body = _body(
+        {
+            "type": "object",
+            "required": ["raw_handle", "device_id", "byte_size"],
+            "properties": {
+                "raw_handle": {
+                    "type": "object",
+                    "required": ["b64"],
+                    "properties": {"b64": {"type": "string", "description": "64 bytes, base64"}},
+                },
+                "device_id": {"type": "integer", "minimum": 0},
+                "byte_size": {"type": "integer", "minimum": 1},
+            },
+        }
+    )
     shm = "/v2/systemsharedmemory"
     cuda = "/v2/cudasharedmemory"
     return {
@@ -615,18 +642,28 @@ def _oip_paths() -> dict[str, Any]:
         f"{shm}/unregister": {
             "post": _oip("Unregister all of this token's regions", {"200": _EMPTY})
         },
-        f"{cuda}/status": {"get": _oip("CUDA shared memory (not supported)", {"400": not_here})},
+        f"{cuda}/status": {
+            "get": _oip(
+                "This token's CUDA shared-memory regions (loopback only)", {"200": cuda_status}
+            )
+        },
         f"{cuda}/region/{{region}}/status": {
-            "get": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+            "get": _oip("One registered CUDA region", {"200": cuda_status}, params=[_REGION])
         },
         f"{cuda}/region/{{region}}/register": {
-            "post": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+            "post": _oip(
+                "Register device memory by CUDA IPC handle (loopback, invoke scope; 400 where "
+                "the gateway cannot load the CUDA driver)",
+                {"200": _EMPTY},
+                params=[_REGION],
+                body=cuda_body,
+            )
         },
         f"{cuda}/region/{{region}}/unregister": {
-            "post": _oip("CUDA shared memory (not supported)", {"400": not_here}, params=[_REGION])
+            "post": _oip("Unregister a CUDA region", {"200": _EMPTY}, params=[_REGION])
         },
         f"{cuda}/unregister": {
-            "post": _oip("CUDA shared memory (not supported)", {"400": not_here})
+            "post": _oip("Unregister all of this token's CUDA regions", {"200": _EMPTY})
         },
     }
 
