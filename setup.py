@@ -33,5 +33,7 @@ setup(
     package_dir=package_dir,
     package_data={
         pkg: ["*.json", "*.yaml", "*.sql", "*.cu", "*.txt", "py.typed"] for pkg in packages
-    },
+    }
+    # the web UI's templates and stylesheet (folders without __init__.py: data, not packages)
+    | {"trims.evaluation.ui": ["templates/*.html", "static/*.css"]},
 )

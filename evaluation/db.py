@@ -56,8 +56,10 @@ __all__ = [
     "EvaluationFilter",
     "EvaluationRecord",
     "Latency",
+    "LayerResult",
     "ResultKey",
     "ResultsDB",
+    "TraceInfo",
     "TraceRecord",
     "cpu_model",
     "system_id",
@@ -85,6 +87,18 @@ class TraceRecord:
     created_at: float
     summary: dict[str, Any]
     spans: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """A stored trace without its spans: what a list of traces shows."""
+
+    trace_id: str
+    model: str
+    framework: str
+    level: str
+    created_at: float
+    summary: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -223,6 +237,16 @@ class ResultKey:
     variant: str
 
 
+@dataclass(frozen=True)
+class LayerResult:
+    """One stored layer-analysis measurement, with what it is of and when it was taken."""
+
+    key: ResultKey
+    measurement: Measurement
+    label: str
+    created_at: float
+
+
 def cpu_model() -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (the platform's name elsewhere)."""
     try:
@@ -287,6 +311,21 @@ def _display(url: str) -> str:
         return url
 
 
+def _make_parent(path: str) -> None:
+    """Create a SQLite file's folder (0700 when it is new: results name models and hosts)."""
+    if path in ("", ":memory:"):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise ValidationError(
+                f"cannot create the results database's folder {folder}: {e.strerror}; pass "
+                "another path with --db (or $TRIMS_RESULTS_DB)"
+            ) from e
+
+
 class ResultsDB:
     """Store and look up results; ``url`` is an SQLAlchemy URL or a SQLite file path.
 
@@ -311,6 +350,8 @@ class ResultsDB:
                         f"no results database at {path or url}; pass an existing SQLite file "
                         "or database URL with --db (or $TRIMS_RESULTS_DB)"
                     )
+            if not readonly and parsed.get_backend_name() == "sqlite":
+                _make_parent(parsed.database or "")
             self._engine = sa.create_engine(url)
         meta = sa.MetaData()
         self._meta_table = sa.Table(
@@ -552,6 +593,71 @@ class ResultsDB:
             query = query.where(t.model == model)
         with self._engine.connect() as conn:
             return [r[0] for r in conn.execute(query)]
+
+    def trace_infos(self, limit: int = 500) -> list[TraceInfo]:
+        """The newest ``limit`` stored traces without their spans, newest first."""
+        import sqlalchemy as sa
+
+        if self.version < 2:
+            return []
+        t = self._traces.c
+        query = (
+            sa.select(t.trace_id, t.model, t.framework, t.level, t.created_at, t.summary)
+            .order_by(t.created_at.desc(), t.trace_id)
+            .limit(limit)
+        )
+        with _translated(self._display), self._engine.connect() as conn:
+            return [
+                TraceInfo(
+                    trace_id=r[0],
+                    model=r[1],
+                    framework=r[2],
+                    level=r[3],
+                    created_at=r[4],
+                    summary=json.loads(r[5]),
+                )
+                for r in conn.execute(query)
+            ]
+
+    def layer_results(
+        self, *, kind: str | None = None, framework: str | None = None, limit: int = 5000
+    ) -> list[LayerResult]:
+        """Stored layer-analysis measurements (of one kind and framework if given), at most
+        ``limit``, ordered by system, framework, kind and label."""
+        import sqlalchemy as sa
+
+        c = self._results.c
+        query = sa.select(self._results).order_by(c.system, c.framework, c.kind, c.label, c.id)
+        if kind is not None:
+            query = query.where(c.kind == kind)
+        if framework is not None:
+            query = query.where(c.framework == framework)
+        with _translated(self._display), self._engine.connect() as conn:
+            rows = [r._mapping for r in conn.execute(query.limit(limit))]
+        return [
+            LayerResult(
+                key=ResultKey(
+                    system=m["system"],
+                    framework=m["framework"],
+                    framework_version=m["framework_version"],
+                    kind=m["kind"],
+                    signature=m["signature"],
+                    batch=m["batch"],
+                    variant=m["variant"],
+                ),
+                measurement=Measurement(
+                    trimmed_mean_ms=m["trimmed_mean_ms"],
+                    median_ms=m["median_ms"],
+                    spread_ms=m["spread_ms"],
+                    min_ms=m["min_ms"],
+                    reps=m["reps"],
+                    elapsed_s=m["elapsed_s"],
+                ),
+                label=m["label"],
+                created_at=m["created_at"],
+            )
+            for m in rows
+        ]
 
     def _writable(self) -> None:
         if self.readonly:

@@ -17,11 +17,11 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trims.config import data_dir, default_socket
+from trims.config import data_dir, default_socket, results_db
 from trims.errors import ValidationError
 from trims.runtime.settings import (
     LOCAL_ANONYMOUS_SCOPES,
@@ -133,12 +133,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-as", help="local: user (name or uid) the workers run as when started as root"
     )
+    parser.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="local: an interpreter functions may ask for by name (spec 'environment: NAME'), "
+        "e.g. mxnet=/opt/mxnet-venv/bin/python; repeatable (default $TRIMS_ENVIRONMENTS, "
+        "comma-separated)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument(
         "--name",
         default=None,
         help="docker: this gateway's name on the host; a gateway started again under the same "
         "name removes the containers its crashed predecessor left (default $TRIMS_GATEWAY_NAME)",
+    )
+    parser.add_argument(
+        "--results-db",
+        help="results database the web UI (/ui/) reads: SQLite path or SQLAlchemy URL "
+        "(default $TRIMS_RESULTS_DB, else ~/.local/share/trims/results.sqlite, as trims evaluate)",
     )
     parser.add_argument("--log-level", default="INFO")
 
@@ -186,6 +200,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         traces_kept_bytes=args.traces_kept_mib << 20,
         access_log=args.access_log,
         name=args.name or env.get("TRIMS_GATEWAY_NAME") or None,
+        results_db=getattr(args, "results_db", None) or results_db(env),
     )
 
 
@@ -240,14 +255,95 @@ def executor_factory(settings: GatewaySettings, local_options: Mapping[str, Any]
     return make
 
 
-def local_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The local executor's options from the command line."""
+def parse_environments(items: Sequence[str]) -> dict[str, str]:
+    """``NAME=PYTHON`` items -> {name: interpreter}; ValidationError says which item is wrong.
+
+    The interpreter must be an absolute path to an executable file: the gateway runs function
+    code with it, so it is never looked up on PATH.
+    """
+    from trims.runtime.functions.spec import environment_name
+
+    environments: dict[str, str] = {}
+    for item in items:
+        name, sep, python = item.partition("=")
+        name, python = name.strip(), python.strip()
+        if not sep or not name or not python:
+            raise ValidationError(
+                f"--environment {item!r}: write NAME=PYTHON, e.g. mxnet=/opt/venv/bin/python"
+            )
+        environment_name(name)
+        if not os.path.isabs(python) or not os.access(python, os.X_OK):
+            raise ValidationError(
+                f"--environment {name}: {python!r} is not an absolute path to an executable "
+                "interpreter; give the full path of the environment's bin/python"
+            )
+        if name in environments:
+            raise ValidationError(f"--environment {name} is given twice; give it once")
+        _check_environment(name, python)
+        environments[name] = python
+    return environments
+
+
+def _check_environment(name: str, python: str) -> None:
+    """ValidationError unless ``python`` imports this trims' worker (checked once, at start,
+    so a broken environment is named now rather than as a dead instance at the first call)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [python, "-c", "import trims.runtime.worker_cli"], capture_output=True, text=True,
+            timeout=120, check=False, stdin=subprocess.DEVNULL, cwd="/",
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValidationError(f"--environment {name}: {python} does not run: {e}") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValidationError(
+            f"--environment {name}: {python} cannot import trims ({last}); install this trims "
+            f"into that environment ({python} -m pip install -e <trims checkout>)"
+        )
+
+
+def local_options(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The local executor's options from the command line (and ``$TRIMS_ENVIRONMENTS``)."""
+    env = os.environ if env is None else env
     options: dict[str, Any] = {"zygote": not args.no_zygote}
+    declared = args.environment or [
+        item for item in env.get("TRIMS_ENVIRONMENTS", "").split(",") if item.strip()
+    ]
+    if declared:
+        options["environments"] = parse_environments(declared)
     if args.preload is not None:
         options["preload"] = tuple(m for m in args.preload.split(",") if m)
     if args.run_as is not None:
         options["run_as"] = args.run_as
     return options
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Unavailable (one line, what to do) when ``host:port`` cannot be bound, e.g. because
+    another gateway listens there; checked before anything slow (zygote, daemon) starts."""
+    import socket
+
+    from trims.errors import Unavailable
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValidationError(f"--host {host!r}: cannot resolve it ({e.strerror})") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                reason = (e.strerror or str(e)).lower()
+                raise Unavailable(
+                    f"cannot listen on {host}:{port}: {reason}; stop whatever listens there "
+                    "(another trims gateway?) or pick another --port (0 picks a free one)"
+                ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
     from trims.runtime.gateway.server import serve
     from trims.telemetry import setup_logging, setup_tracing
 
+    check_port_free(args.host, args.port)
     setup_logging(args.log_level)
     settings = with_admin_token(settings_from_args(args, os.environ), os.environ)
     if settings.otlp_endpoint:

@@ -164,6 +164,9 @@ class GatewaySettings:
     #: again under the same name removes the containers a crashed predecessor left. Gateways
     #: sharing a Docker Engine need different names; None sweeps nothing.
     name: str | None = None
+    #: Results database the web UI (``/ui/``) reads, read-only: a SQLite path or SQLAlchemy
+    #: URL. None: the one ``trims evaluate`` uses by default (:func:`trims.config.results_db`).
+    results_db: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

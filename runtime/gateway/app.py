@@ -17,6 +17,7 @@ from trims.runtime.gateway import api_functions, api_oip, api_pipelines, traces
 from trims.runtime.gateway.auth import Authenticator
 from trims.runtime.gateway.context import AUTH, GATEWAY, gateway_of, json_response
 from trims.runtime.gateway.errors import error_middleware
+from trims.runtime.gateway.metrics import http_metrics_middleware
 from trims.runtime.gateway.openapi import openapi_document
 from trims.runtime.gateway.service import ExecutorFactory, Gateway
 from trims.runtime.settings import GatewaySettings
@@ -70,9 +71,34 @@ async def openapi(request: web.Request) -> web.Response:
 _OPENAPI = web.AppKey("trims.openapi", dict)
 
 
+def _mount_ui(app: web.Application, settings: GatewaySettings) -> None:
+    """The results web UI at /ui/ (trims.evaluation.ui, imported here only: a core install
+    without the evaluation extra starts, and its /ui/ says which extra to install)."""
+    try:
+        from trims.evaluation.ui import UIConfig, create_ui_app
+    except ImportError as e:
+        missing = f"The web UI needs the evaluation extra: pip install 'trims[evaluation]' ({e})."
+
+        async def no_ui(request: web.Request) -> web.Response:
+            return web.Response(status=404, text=missing)
+
+        app.router.add_get("/ui/{tail:.*}", no_ui)
+        return
+    ui = UIConfig(results_db=settings.results_db, store_socket=settings.store_socket)
+    app.router.add_get("/ui", _to_ui)  # before the sub-app, which would answer /ui with 404
+    app.add_subapp("/ui", create_ui_app(ui))
+
+
+async def _to_ui(request: web.Request) -> web.Response:
+    return web.Response(status=308, headers={"Location": "/ui/"})
+
+
 def create_app(settings: GatewaySettings, executor_factory: ExecutorFactory) -> web.Application:
     gateway = Gateway(settings, executor_factory)
-    middlewares = [error_middleware, trace_middleware] if gateway.tracing else [error_middleware]
+    # Outermost first: the metrics middleware sees the status the error middleware answered.
+    middlewares = [http_metrics_middleware(gateway.metrics), error_middleware]
+    if gateway.tracing:
+        middlewares.append(trace_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[GATEWAY] = gateway
     app[AUTH] = Authenticator(
@@ -90,6 +116,7 @@ def create_app(settings: GatewaySettings, executor_factory: ExecutorFactory) -> 
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    _mount_ui(app, settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await gateway.start()
