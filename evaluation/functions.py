@@ -4,7 +4,7 @@ Deploy it with a spec like::
 
     name: analyze
     handler: trims.evaluation.functions:handler
-    config: {db: /var/lib/trims/evaluation.sqlite}
+    config: {db: /var/lib/trims/results.sqlite}
     scaling: {max_instances: 1, concurrency: 1, request_timeout_s: 600}
 
 and invoke it with a JSON body naming the analysis and, optionally, its settings::

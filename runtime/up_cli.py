@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,10 @@ from trims.errors import Unavailable
 log = logging.getLogger(__name__)
 
 DAEMON_READY = "trims daemon ready"
+#: The database the example evaluate and trace functions record into (their config.db; under
+#: /tmp because their workers run as nobody when trims up runs as root), and so the one the web
+#: UI of ``trims up --examples`` reads unless --results-db says otherwise.
+EXAMPLES_RESULTS_DB = "/tmp/trims-results/results.sqlite"
 DAEMON_START_TIMEOUT_S = 60.0
 SPEC_NAMES = ("function.yaml", "function.yml", "function.json")
 
@@ -222,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
     settings = gateway_cli.with_admin_token(
         gateway_cli.settings_from_args(args, os.environ), os.environ
     )
+    if args.examples and not args.results_db and not os.environ.get("TRIMS_RESULTS_DB"):
+        # The web UI shows what the example evaluate and trace functions record.
+        settings = dataclasses.replace(settings, results_db=EXAMPLES_RESULTS_DB)
     if settings.otlp_endpoint:
         setup_tracing("trims-gateway", settings.otlp_endpoint)
     store_socket = settings.store_socket

@@ -210,7 +210,7 @@ def _config_path(ctx: Context, key: str, default: Path) -> str:
 
 
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
-    from trims.config import data_dir
+    from trims.config import data_dir, results_db
     from trims.evaluation.harness.manifest import load_manifest
     from trims.evaluation.harness.manifest_run import check_manifest, run_manifest
     from trims.evaluation.harness.results import describe_system, record_evaluation, report_entry
@@ -227,11 +227,8 @@ def handler(request: Request, ctx: Context) -> dict[str, Any]:
     manifests = [load_manifest(shipped[name]) for name in req.models]
     # Every check before the first model loads: a request refused here wrote nothing.
     versions = [check_manifest(manifest, req.sut) for manifest in manifests]
-    base = data_dir(os.environ).parent
-    db = _config_path(ctx, "db", base / "evaluation.sqlite")
-    work_dir = Path(_config_path(ctx, "work_dir", base / "evaluate-models"))
-    if "://" not in db:
-        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    db = str(ctx.config.get("db") or results_db(os.environ))
+    work_dir = Path(_config_path(ctx, "work_dir", data_dir(os.environ).parent / "evaluate-models"))
     ctx.logger.info(
         "evaluation of %s (%s, %s, batch %d) requested; results go to %s",
         ", ".join(req.models), req.scenario, req.mode, req.batch, db.split("@")[-1],

@@ -73,7 +73,7 @@ def checked(body: object) -> dict[str, Any]:
 
 
 def handler(request: Request, ctx: Context) -> dict[str, Any]:
-    from trims.config import data_dir
+    from trims.config import results_db
     from trims.evaluation.tracing import store
     from trims.tracing.chrome import to_chrome
 
@@ -87,8 +87,6 @@ def handler(request: Request, ctx: Context) -> dict[str, Any]:
         process=f"trace function {ctx.instance_id}",
         mxnet_python=ctx.config.get("mxnet_python"),
     )
-    db = str(ctx.config.get("db") or data_dir(os.environ) / "evaluation.sqlite")
-    if "://" not in db:
-        os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    db = str(ctx.config.get("db") or results_db(os.environ))
     store.save(db, result.trace, report.body, req.level.label)
     return {**report.body, "chrome": to_chrome(result.trace), "text": report.text}

@@ -244,3 +244,13 @@ async def test_mxnet_digits_runs_the_store_weights_in_the_mxnet_environment(
     # A client's mistake is a ValidationError (the gateway answers 422 with its message).
     with pytest.raises(ValidationError, match='"pixels"'):
         await instance.invoke(b'{"texts": "hi"}', {}, timeout=60, trace={})
+
+
+def test_the_example_benchmark_functions_record_where_the_ui_of_trims_up_reads() -> None:
+    """``trims up --examples`` points its web UI at the database the evaluate and trace
+    examples record into; the three must name the same file."""
+    from trims.runtime.up_cli import EXAMPLES_RESULTS_DB
+
+    for example in ("evaluate", "trace"):
+        spec = load_spec_file(EXAMPLES / example / "function.yaml")
+        assert spec.config["db"] == EXAMPLES_RESULTS_DB, example
