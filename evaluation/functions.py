@@ -68,30 +68,16 @@ def onnx_model(model: Any, key: str) -> onnx.ModelProto:
     mapping (a copy: the analysis exports sub-models from it). Loaded directly (no daemon):
     the ONNX file itself.
     """
-    import numpy as np
-    import onnx
+    from trims.errors import TrimsError
 
-    from trims.evaluation import graph
-    from trims.runtime.direct import DirectModel
-    from trims.runtime.models import StoreModel
-
-    if isinstance(model, StoreModel):
-        from trims.runtime.adapters.onnxruntime import graph_bytes
-
-        proto = onnx.ModelProto()
-        proto.ParseFromString(graph_bytes(model.lease))
-        arrays = model.numpy()
-        for tensor in proto.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.DEFAULT
-                tensor.raw_data = np.ascontiguousarray(arrays[tensor.name]).tobytes()
-        return proto
-    if isinstance(model, DirectModel) and model.format == "onnx":
-        return graph.load(str(model.path))[1]
-    raise ValidationError(
-        f"model {key!r} of this function is not an ONNX model; the analyses read ONNX graphs"
-    )
+    try:
+        proto: onnx.ModelProto = model.onnx_model()
+    except TrimsError as e:
+        raise ValidationError(
+            f"model {key!r} of this function is not an ONNX model; the analyses read ONNX "
+            f"graphs ({e.message})"
+        ) from None
+    return proto
 
 
 def _checked(body: dict[str, Any], own: Collection[str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, env: dict[str, str]) -> Any:
     from trims.operators.controller import OperatorSettings
-    from trims.runtime.executors.kubernetes import KubernetesExecutorSettings
+    from trims.runtime.kubernetes_objects import KubernetesExecutorSettings
 
     overrides = {
         "TRIMS_K8S_IMAGE": args.image,

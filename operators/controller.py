@@ -23,7 +23,7 @@ from typing import Any
 from trims.errors import Unavailable, ValidationError
 from trims.operators.crd import GROUP, PLURAL, VERSION
 from trims.operators.reconcile import MANAGER, Desired, desired_objects, function_status
-from trims.runtime.executors.kubernetes import KubernetesExecutorSettings
+from trims.runtime.kubernetes_objects import KubernetesExecutorSettings
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Pure functions over dicts (no API calls), so every object the operator would cre
 checked against the Kubernetes schemas without a cluster. Both objects carry an owner
 reference to the Function, so deleting the Function lets the garbage collector delete them.
 The Deployment's pods come from the same template the kubernetes executor uses for single
-instances (:func:`trims.runtime.executors.kubernetes.function_pod_template`).
+instances (:func:`trims.runtime.kubernetes_objects.function_pod_template`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 from trims.errors import ValidationError
 from trims.operators.crd import API_VERSION, KIND
-from trims.runtime.executors.kubernetes import (
+from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.kubernetes_objects import (
     LABEL_COMPONENT,
     LABEL_FUNCTION,
     LABEL_MANAGED_BY,
@@ -26,7 +27,6 @@ from trims.runtime.executors.kubernetes import (
     dns_name,
     function_pod_template,
 )
-from trims.runtime.functions.spec import FunctionSpec, parse_spec
 
 MANAGER = "trims-operator"
 SPEC_HASH_ANNOTATION = "trims.io/spec-hash"

@@ -133,6 +133,18 @@ class DirectModel(ModelBase):
             session, {}, model=self.name, source=str(self.path), options=options, providers=chosen
         )
 
+    def onnx_model(self) -> Any:
+        """The ONNX file as an ``onnx.ModelProto``, external data loaded (see
+        :meth:`trims.runtime.models.StoreModel.onnx_model`)."""
+        import onnx
+
+        if self.format != "onnx":
+            raise ValidationError(f"model {self.name} is {self.format}, not ONNX")
+        try:
+            return onnx.load(str(self.path))
+        except Exception as e:
+            raise self._fail(e) from e
+
     def mxnet(self) -> dict[str, Any]:
         import mxnet as mx
 

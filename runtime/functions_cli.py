@@ -30,6 +30,7 @@ from trims.errors import (
     ValidationError,
     error_from_dict,
 )
+from trims.runtime.credentials import find_token
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -219,26 +220,6 @@ def _print_function(doc: dict[str, Any]) -> None:
     for i in instances:
         print(f"  {i.get('id', '?'):<20} {i.get('state', '?')}")
     print("(--json shows the whole spec)")
-
-
-def find_token(token: str | None, state_dir: Path | None, env: Mapping[str, str]) -> str | None:
-    """``token``, else ``$TRIMS_TOKEN``, else the admin token file of ``state_dir`` (or of the
-    default state directory); None when there is none. ValidationError (one line) when the
-    file exists but cannot be used."""
-    from trims.runtime.gateway.admin_token import admin_token_path, read_token_file
-    from trims.runtime.settings import default_state_dir
-
-    if token:
-        return token
-    if env.get("TRIMS_TOKEN"):
-        return env["TRIMS_TOKEN"]
-    path = admin_token_path(state_dir or default_state_dir(env))
-    if not os.path.lexists(path):
-        return None
-    try:
-        return read_token_file(path)
-    except ValidationError as e:
-        raise ValidationError(f"{e.message}; or pass --token / set $TRIMS_TOKEN") from None
 
 
 def client_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> GatewayClient:

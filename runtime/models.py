@@ -44,6 +44,7 @@ class Model(Protocol):
         sess_options: Any = None,
         prepack: bool = True,
     ) -> Any: ...
+    def onnx_model(self) -> Any: ...
     def mxnet(self) -> dict[str, Any]: ...
     def mxnet_executor(self, symbol: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> Any: ...
     def close(self) -> None: ...
@@ -82,6 +83,14 @@ class StoreModel(ModelBase):
         return ort_adapter.session(
             self.lease, providers=providers, sess_options=sess_options, prepack=prepack
         )
+
+    def onnx_model(self) -> Any:
+        """The stored ONNX graph as an ``onnx.ModelProto`` with every initializer's data in it
+        (a copy of the weights: for tools that rewrite or export the graph, not for serving,
+        which :meth:`onnx_session` does over the mapping)."""
+        from trims.runtime.adapters import onnxruntime as ort_adapter
+
+        return ort_adapter.model_proto(self.lease)
 
     def mxnet(self) -> dict[str, Any]:
         from trims.runtime.adapters import mxnet as mx_adapter

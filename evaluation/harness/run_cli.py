@@ -342,7 +342,7 @@ def run_run(args: argparse.Namespace) -> int:
     jobs = _plan(args)
     gateway = None
     if args.sut in ("gateway", "pipeline"):
-        from trims.runtime.functions_cli import find_token
+        from trims.runtime.credentials import find_token
 
         url = args.gateway or env.get("TRIMS_GATEWAY_URL")
         if not url:

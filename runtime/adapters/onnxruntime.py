@@ -98,6 +98,25 @@ def graph_bytes(weights: HostWeights) -> bytes:
     return bytes(weights.buffer()[entry.offset : entry.offset + entry.nbytes])
 
 
+def model_proto(weights: HostWeights) -> Any:
+    """The stored graph as an ``onnx.ModelProto`` with each external initializer's bytes copied
+    in from the mapping (ValidationError when the model is not ONNX)."""
+    import numpy as np
+    import onnx
+
+    from trims.runtime.adapters import numpy as numpy_adapter
+
+    proto = onnx.ModelProto()
+    proto.ParseFromString(graph_bytes(weights))
+    arrays = numpy_adapter.tensors(weights.buffer(), weights.manifest)
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            tensor.raw_data = np.ascontiguousarray(arrays[tensor.name]).tobytes()
+    return proto
+
+
 def inline_small_initializers(graph: bytes, weights: HostWeights) -> tuple[bytes, frozenset[str]]:
     """The graph with initializers of at most ``INLINE_BYTES`` copied back into it.
 

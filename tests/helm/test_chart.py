@@ -85,7 +85,7 @@ def test_daemon_shares_its_socket_dir_with_function_pods(chart: Any) -> None:
     assert container["securityContext"]["runAsNonRoot"] is True
     assert daemon["spec"]["nodeSelector"] == {"trims.io/node": "true"}
     # The labels function pods require on their node (pod affinity) are the daemon pods'.
-    from trims.runtime.executors.kubernetes import DAEMON_POD_LABELS
+    from trims.runtime.kubernetes_objects import DAEMON_POD_LABELS
 
     assert DAEMON_POD_LABELS.items() <= daemon["metadata"]["labels"].items()
 
@@ -97,7 +97,7 @@ def test_daemon_shares_its_socket_dir_with_function_pods(chart: Any) -> None:
 
 
 def test_gateway_settings_parse_into_the_executor(chart: Any) -> None:
-    from trims.runtime.executors.kubernetes import KubernetesExecutorSettings
+    from trims.runtime.kubernetes_objects import KubernetesExecutorSettings
 
     docs = by_kind(render(chart, VALUE_SETS["everything"]))
     gateway = docs[("Deployment", "trims-gateway")]["spec"]["template"]["spec"]

@@ -11,7 +11,7 @@ import pytest
 
 from trims.operators.controller import Operator, OperatorSettings, _Gone
 from trims.operators.crd import API_VERSION, KIND
-from trims.runtime.executors.kubernetes import KubernetesExecutorSettings
+from trims.runtime.kubernetes_objects import KubernetesExecutorSettings
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

@@ -15,7 +15,7 @@ from trims.operators.reconcile import (
     function_status,
     workload_name,
 )
-from trims.runtime.executors.kubernetes import DAEMON_POD_LABELS, KubernetesExecutorSettings
+from trims.runtime.kubernetes_objects import DAEMON_POD_LABELS, KubernetesExecutorSettings
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 

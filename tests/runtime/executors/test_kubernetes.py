@@ -14,18 +14,17 @@ from typing import Any
 import pytest
 
 from trims.errors import UpstreamError, ValidationError
-from trims.runtime.executors.kubernetes import (
+from trims.runtime.executors.kubernetes import describe_pod_end, pending_reason
+from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.kubernetes_objects import (
     CONTAINER_STORE_SOCKET,
     DAEMON_POD_LABELS,
     LABEL_EXECUTOR,
     LABEL_FUNCTION,
     KubernetesExecutorSettings,
-    describe_pod_end,
     dns_name,
-    pending_reason,
     pod_manifest,
 )
-from trims.runtime.functions.spec import FunctionSpec, parse_spec
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
