@@ -212,7 +212,8 @@ def role_read(args: argparse.Namespace) -> dict[str, Any]:
 
 def role_export_ipc(args: argparse.Namespace) -> dict[str, Any]:
     """Load the layout into a GPU tier with VMM off; print the cuda_ipc handle; hold till stdin."""
-    from trims.daemon.tiers.gpu import CudaDriver, GpuTier
+    from trims.cuda import CudaDriver
+    from trims.daemon.tiers.gpu import GpuTier
 
     manifest, data = layout(args.model_mb)
     blob = Path(args.work) / "layout.bin"

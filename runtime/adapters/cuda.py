@@ -1,104 +1,64 @@
 """Importing a GPU-tier model buffer: CUDA VMM POSIX-fd handles, legacy CUDA IPC as fallback.
 
-Pairs with the daemon's GPU tier, which exports one device allocation per model version.
-Talks to the CUDA driver (``libcuda.so.1``) through ctypes so no CUDA Python package is needed::
+Pairs with the daemon's GPU tier, which exports one device allocation per model version. Talks
+to the CUDA driver through the one binding both sides share (:mod:`trims.cuda`)::
 
     cuda_vmm: fd ─cuMemImportFromShareableHandle─▶ handle ─cuMemMap─▶ reserved VA range
               access set read-only where the driver allows (read-write otherwise)
     cuda_ipc: ipc handle ─cuIpcOpenMemHandle─▶ device pointer
 
 :meth:`DeviceMapping.close` undoes exactly what the import did, in reverse order.
+:class:`IpcBuffer` opens a client's CUDA IPC handle for the gateway's CUDA shared-memory
+extension and copies in and out of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
+from trims.cuda import (
+    CU_MEM_ACCESS_FLAGS_PROT_READ,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CudaDriver,
+    CudaError,
+)
 from trims.errors import ProtocolError, Unavailable, ValidationError
 from trims.layout import Manifest
 
 log = logging.getLogger(__name__)
 
-CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
-CU_MEM_LOCATION_TYPE_DEVICE = 1
-CU_MEM_ACCESS_FLAGS_PROT_READ = 1
-CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
-CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
-
-
-class _Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _AccessDesc(ctypes.Structure):
-    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
-
-
-class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-
-
-#: What a GPU-tier import says it was doing, and what to do instead, when the driver fails.
+#: What a GPU-tier import was doing, and what to do instead, when the driver fails.
 _IMPORTING = ("importing a GPU-tier model", "acquire with tier='cpu'")
+_OPENING = ("opening a CUDA shared-memory region", "send the tensors")
 
 
-class _Driver:
-    """The few driver calls we use, each checked; ``doing`` = (what this is for, what to do
-    instead) for the messages."""
+@contextlib.contextmanager
+def _driver_errors(doing: tuple[str, str]) -> Iterator[None]:
+    """CUDA failures as Unavailable, saying what failed and what to do instead."""
+    try:
+        yield
+    except CudaError as e:
+        raise Unavailable(
+            f"CUDA {e.message} while {doing[0]}; {doing[1]} or check the GPU with nvidia-smi"
+        ) from e
 
-    def __init__(self, doing: tuple[str, str] = _IMPORTING) -> None:
-        self.doing = doing
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise Unavailable(
-                f"this process cannot load the CUDA driver (libcuda.so.1) for {doing[0]}; run "
-                f"on a GPU node or {doing[1]}"
-            ) from e
-        self.check("cuInit", 0)
 
-    def check(self, fn: str, *args: Any) -> None:
-        rc = getattr(self.lib, fn)(*args)
-        if rc != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise Unavailable(
-                f"CUDA {fn} failed with {(name.value or b'?').decode()} ({rc}) while "
-                f"{self.doing[0]}; {self.doing[1]} or check the GPU with nvidia-smi"
-            )
-
-    def device_by_index(self, index: int) -> int:
-        """The CUdevice of device ``index`` (as this process numbers them)."""
-        count = ctypes.c_int()
-        self.check("cuDeviceGetCount", ctypes.byref(count))
-        if not 0 <= index < count.value:
-            raise ValidationError(
-                f"no CUDA device {index} in this process: it sees {count.value}; check "
-                "CUDA_VISIBLE_DEVICES"
-            )
-        dev = ctypes.c_int()
-        self.check("cuDeviceGet", ctypes.byref(dev), index)
-        return dev.value
-
-    def device_by_uuid(self, uuid: str) -> tuple[int, int]:
-        """(CUdevice, index) of the device whose UUID is ``uuid`` ("GPU-xxxxxxxx-...")."""
-        count = ctypes.c_int()
-        self.check("cuDeviceGetCount", ctypes.byref(count))
-        for index in range(count.value):
-            dev = ctypes.c_int()
-            self.check("cuDeviceGet", ctypes.byref(dev), index)
-            raw = (ctypes.c_ubyte * 16)()
-            self.check("cuDeviceGetUuid_v2", raw, dev)
-            h = bytes(raw).hex()
-            text = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-            if text == uuid or uuid == str(index):
-                return dev.value, index
-        raise ValidationError(
-            f"no CUDA device with UUID {uuid} in this process; check CUDA_VISIBLE_DEVICES"
-        )
+def _open_driver(doing: tuple[str, str]) -> CudaDriver:
+    try:
+        with _driver_errors(doing):
+            return CudaDriver.open()
+    except Unavailable as e:
+        if "CUDA " in e.message and " while " in e.message:
+            raise
+        raise Unavailable(
+            f"this process cannot use the CUDA driver for {doing[0]} ({e.message}); run on a "
+            f"GPU node or {doing[1]}"
+        ) from e
 
 
 class DeviceMapping:
@@ -106,7 +66,7 @@ class DeviceMapping:
 
     def __init__(
         self,
-        driver: _Driver,
+        driver: CudaDriver,
         kind: str,
         device: int,
         device_index: int,
@@ -137,48 +97,48 @@ class DeviceMapping:
                     f"model {manifest.name}: manifest describes {manifest.total_bytes} bytes but "
                     f"the device allocation holds {size}; re-load it into the gpu tier"
                 )
-            driver = _Driver()
-            device, index = driver.device_by_uuid(str(handle.get("device_uuid", "")))
-            ctx = ctypes.c_void_p()
-            driver.check("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), device)
-            driver.check("cuCtxSetCurrent", ctx)
-            if handle.get("kind") == "cuda_vmm":
-                if len(fds) != 1:
-                    raise ProtocolError("a cuda_vmm handle must come with exactly one descriptor")
-                return cls._import_vmm(driver, device, index, fds[0], size, handle)
-            return cls._import_ipc(driver, device, index, size, handle)
+            driver = _open_driver(_IMPORTING)
+            with _driver_errors(_IMPORTING):
+                device, index = driver.device_by_uuid(str(handle.get("device_uuid", "")))
+                driver.set_context(driver.primary_context(device))
+                if handle.get("kind") == "cuda_vmm":
+                    if len(fds) != 1:
+                        raise ProtocolError(
+                            "a cuda_vmm handle must come with exactly one descriptor"
+                        )
+                    return cls._import_vmm(driver, device, index, fds[0], size, handle)
+                return cls._import_ipc(driver, device, index, size, handle)
         finally:
             for fd in fds:
                 os.close(fd)
 
     @classmethod
     def _import_vmm(
-        cls, driver: _Driver, device: int, index: int, fd: int, size: int, handle: dict[str, Any]
+        cls,
+        driver: CudaDriver,
+        device: int,
+        index: int,
+        fd: int,
+        size: int,
+        handle: dict[str, Any],
     ) -> DeviceMapping:
         alloc = int(handle.get("alloc_size", size))
-        mem = ctypes.c_ulonglong()
-        driver.check(
-            "cuMemImportFromShareableHandle",
-            ctypes.byref(mem),
-            ctypes.c_void_p(fd),
-            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        )
-        ptr = ctypes.c_ulonglong()
-        driver.check("cuMemAddressReserve", ctypes.byref(ptr), ctypes.c_size_t(alloc), 0, 0, 0)
-        driver.check("cuMemMap", ptr, ctypes.c_size_t(alloc), ctypes.c_size_t(0), mem, 0)
-        for flags in (CU_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READWRITE):
-            desc = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, device), flags)
-            rc = driver.lib.cuMemSetAccess(ptr, ctypes.c_size_t(alloc), ctypes.byref(desc), 1)
-            if rc == 0:
-                break
-            log.info("device %d refuses read-only imported memory; mapping it read-write", index)
-        else:
-            driver.check("cuMemSetAccess", ptr, ctypes.c_size_t(alloc), ctypes.byref(desc), 1)
-        return cls(driver, "cuda_vmm", device, index, ptr.value, size, alloc, mem.value)
+        mem = driver.import_fd(fd)
+        try:
+            try:
+                ptr = driver.map(mem, alloc, device, CU_MEM_ACCESS_FLAGS_PROT_READ)
+            except CudaError:
+                log.info("device %d refuses read-only imported memory; mapping it read-write",
+                         index)  # fmt: skip
+                ptr = driver.map(mem, alloc, device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        except BaseException:
+            driver.release(mem)
+            raise
+        return cls(driver, "cuda_vmm", device, index, ptr, size, alloc, mem)
 
     @classmethod
     def _import_ipc(
-        cls, driver: _Driver, device: int, index: int, size: int, handle: dict[str, Any]
+        cls, driver: CudaDriver, device: int, index: int, size: int, handle: dict[str, Any]
     ) -> DeviceMapping:
         try:
             raw = bytes.fromhex(str(handle.get("ipc_handle", "")))
@@ -186,12 +146,8 @@ class DeviceMapping:
             raise ProtocolError("cuda_ipc handle is not hex") from e
         if len(raw) != 64:
             raise ProtocolError(f"cuda_ipc handle must be 64 bytes, got {len(raw)}")
-        ipc = _IpcHandle(raw)
-        ptr = ctypes.c_ulonglong()
-        driver.check(
-            "cuIpcOpenMemHandle_v2", ctypes.byref(ptr), ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-        )
-        return cls(driver, "cuda_ipc", device, index, ptr.value, size, size, None)
+        ptr = driver.ipc_open(raw)
+        return cls(driver, "cuda_ipc", device, index, ptr, size, size, None)
 
     def close(self) -> None:
         """Unmap and release what the import created; device tensors over it become invalid."""
@@ -199,18 +155,13 @@ class DeviceMapping:
             return
         self._closed = True
         d = self._driver
-        if self.kind == "cuda_vmm":
-            size = ctypes.c_size_t(self._alloc_size)
-            d.check("cuMemUnmap", ctypes.c_ulonglong(self.pointer), size)
-            d.check(
-                "cuMemAddressFree",
-                ctypes.c_ulonglong(self.pointer),
-                ctypes.c_size_t(self._alloc_size),
-            )
-            d.check("cuMemRelease", ctypes.c_ulonglong(self._mem_handle or 0))
-        else:
-            d.check("cuIpcCloseMemHandle", ctypes.c_ulonglong(self.pointer))
-        d.check("cuDevicePrimaryCtxRelease_v2", self._device)
+        with _driver_errors(_IMPORTING):
+            if self.kind == "cuda_vmm":
+                d.unmap(self.pointer, self._alloc_size)
+                d.release(self._mem_handle or 0)
+            else:
+                d.ipc_close(self.pointer)
+            d.release_primary_context(self._device)
 
 
 class IpcBuffer:
@@ -226,22 +177,16 @@ class IpcBuffer:
             raise ValidationError(
                 f"a CUDA IPC handle is 64 bytes (cudaIpcMemHandle_t), got {len(raw_handle)}"
             )
-        self._driver = _Driver(("opening a CUDA shared-memory region", "send the tensors"))
-        d = self._driver
-        self._device = d.device_by_index(device_index)
-        self._ctx = ctypes.c_void_p()
-        d.check("cuDevicePrimaryCtxRetain", ctypes.byref(self._ctx), self._device)
-        try:
-            d.check("cuCtxSetCurrent", self._ctx)
-            ptr = ctypes.c_ulonglong()
-            d.check(
-                "cuIpcOpenMemHandle_v2", ctypes.byref(ptr), _IpcHandle(raw_handle),
-                CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
-            )  # fmt: skip
-        except BaseException:
-            d.check("cuDevicePrimaryCtxRelease_v2", self._device)
-            raise
-        self.pointer = ptr.value
+        self._driver = d = _open_driver(_OPENING)
+        with _driver_errors(_OPENING):
+            self._device = d.device_by_ordinal(device_index)
+            self._ctx = d.primary_context(self._device)
+            try:
+                d.set_context(self._ctx)
+                self.pointer = d.ipc_open(raw_handle)
+            except BaseException:
+                d.release_primary_context(self._device)
+                raise
         self.size = size
         self.device_index = device_index
         self._closed = False
@@ -258,29 +203,24 @@ class IpcBuffer:
         """``size`` bytes at ``offset``, copied to the host."""
         self._bounds(offset, size)
         out = ctypes.create_string_buffer(size)
-        d = self._driver
-        d.check("cuCtxSetCurrent", self._ctx)
-        d.check(
-            "cuMemcpyDtoH_v2", out, ctypes.c_ulonglong(self.pointer + offset), ctypes.c_size_t(size)
-        )
+        with _driver_errors(_OPENING):
+            self._driver.set_context(self._ctx)
+            self._driver.copy_to_host(out, self.pointer + offset, size)
         return out.raw
 
     def write(self, offset: int, data: bytes) -> None:
         """Copy ``data`` to ``offset``."""
         self._bounds(offset, len(data))
-        d = self._driver
-        d.check("cuCtxSetCurrent", self._ctx)
-        d.check(
-            "cuMemcpyHtoD_v2", ctypes.c_ulonglong(self.pointer + offset), data,
-            ctypes.c_size_t(len(data)),
-        )  # fmt: skip
+        with _driver_errors(_OPENING):
+            self._driver.set_context(self._ctx)
+            self._driver.copy_from_host(self.pointer + offset, data, len(data))
 
     def close(self) -> None:
         """Close the IPC mapping and release the context (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        d = self._driver
-        d.check("cuCtxSetCurrent", self._ctx)
-        d.check("cuIpcCloseMemHandle", ctypes.c_ulonglong(self.pointer))
-        d.check("cuDevicePrimaryCtxRelease_v2", self._device)
+        with _driver_errors(_OPENING):
+            self._driver.set_context(self._ctx)
+            self._driver.ipc_close(self.pointer)
+            self._driver.release_primary_context(self._device)

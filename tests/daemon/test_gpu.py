@@ -29,7 +29,7 @@ from trims.layout import Manifest
 
 
 def _cuda_driver() -> object | None:
-    from trims.daemon.tiers.gpu import CudaDriver
+    from trims.cuda import CudaDriver
 
     try:
         return CudaDriver.open()
@@ -59,10 +59,7 @@ def _read_back(
     driver: Any, device: int, handle: dict[str, Any], fds: list[int], size: int
 ) -> bytes:
     """Import the daemon's export in this process, copy ``size`` bytes to the host, undo it."""
-    from trims.daemon.tiers.gpu import (
-        CU_MEM_ACCESS_FLAGS_PROT_READ,
-        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    )
+    from trims.cuda import CU_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
     host = ctypes.create_string_buffer(size)
     if handle["kind"] == "cuda_ipc":
@@ -107,7 +104,7 @@ def test_gpu_acquire_without_cuda_is_a_clear_error(
 def test_gpu_tier_exports_device_memory_another_process_reads(
     start_daemon: Callable[..., DaemonProcess],
 ) -> None:
-    from trims.daemon.tiers.gpu import CudaDriver
+    from trims.cuda import CudaDriver
 
     daemon = start_daemon(models={"m": {"w": W}}, gpu_budget="1GiB")
     driver = CudaDriver.open()
@@ -153,7 +150,8 @@ EXPORTER = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from trims.daemon.tiers.gpu import CudaDriver, GpuTier
+    from trims.cuda import CudaDriver
+    from trims.daemon.tiers.gpu import GpuTier
 
     blob, digest, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     tier = GpuTier(CudaDriver.open())

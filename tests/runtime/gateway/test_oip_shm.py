@@ -194,7 +194,7 @@ def _ownership_and_bounds(url: str) -> None:
                     client.register_cuda_shared_memory, "g", handle, 0, 64, headers=alice
                 )
                 assert "CUDA shared memory is not available on this gateway" in message
-                assert "cannot load the CUDA driver" in message
+                assert "cannot use the CUDA driver" in message
             # One name is one region across system and CUDA shared memory.
             assert "is a system shared-memory region" in _error(
                 client.register_cuda_shared_memory,
