@@ -12,15 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trims.config import (
-    EVICTION_POLICIES,
-    DaemonSettings,
-    ServerLimits,
-    TierBudgets,
-    data_dir,
-    default_socket,
-    parse_size,
-)
+from trims.config import data_dir, default_socket, parse_size
+from trims.daemon.settings import EVICTION_POLICIES, DaemonSettings, ServerLimits, TierBudgets
 from trims.errors import ValidationError
 from trims.telemetry import otlp_endpoint_from_env, setup_logging, setup_tracing
 

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from trims.config import EVICTION_POLICIES, format_size
+from trims.config import format_size
+from trims.daemon.settings import EVICTION_POLICIES
 from trims.errors import ResourceExhausted, ValidationError
 
 

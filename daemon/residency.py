@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trims.config import DaemonSettings, format_size
+from trims.config import format_size
 from trims.daemon.catalog import Catalog, ModelRecord
 from trims.daemon.eviction import Resident, TierLedger
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.settings import DaemonSettings
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier, Stamp
 from trims.daemon.tiers.gpu import GpuTier

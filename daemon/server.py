@@ -4,7 +4,7 @@ Lifecycle: ``start()`` binds both sockets and starts accepting; ``close()`` stop
 removes the socket files, closes every connection (ending its leases). A bad frame closes only
 the connection that sent it; an error in one request answers only that request.
 
-Limits (``DaemonSettings.limits``, :class:`trims.config.ServerLimits`)
+Limits (``DaemonSettings.limits``, :class:`trims.daemon.settings.ServerLimits`)
 ---------------------------------------------------------------------
 Every limit is per peer first, so one client cannot deny service to the others:
 
@@ -44,10 +44,10 @@ import socket
 import stat
 from pathlib import Path
 
-from trims.config import DaemonSettings
 from trims.daemon.connection import Connection, spawn
 from trims.daemon.limits import ConnectionSlots, PeerLog, ReadBudget
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.settings import DaemonSettings
 from trims.daemon.store import Store
 from trims.errors import (
     QueueFull,

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trims import __version__
-from trims.config import DaemonSettings, format_size
+from trims.config import format_size
 from trims.daemon.catalog import AccessList, Catalog, ModelRecord, not_found
 from trims.daemon.crashpoints import arm, crashpoint
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.residency import MEMORY_TIERS, TIERS, Progress, Residency
+from trims.daemon.settings import DaemonSettings
 from trims.daemon.tiers.gpu import GpuTier
 from trims.errors import (
     CorruptModel,

@@ -42,11 +42,6 @@ def test_default_paths_follow_the_environment() -> None:
     assert config.results_db({}).endswith("/.local/share/trims/results.sqlite")
 
 
-def test_daemon_settings_reject_unknown_policy(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="eviction policy"):
-        config.DaemonSettings(store_dir=tmp_path, socket_path=tmp_path / "s", eviction="random")
-
-
 def test_write_atomic_replaces_whole_or_not_at_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,138 @@
+"""The daemon's settings: tier budgets, eviction policies, per-peer server limits.
+
+Frozen dataclasses built once in ``trims daemon``'s ``main()`` from argv and the environment
+(``TRIMS_*``); each field says its unit, default and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trims.config import admin_socket_for
+from trims.errors import ValidationError
+from trims.protocol import MAX_REQUEST_FRAME
+
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "never")
+
+
+@dataclass(frozen=True)
+class TierBudgets:
+    """Byte budgets per tier; 0 disables a tier (gpu defaults to 0 where there is no GPU)."""
+
+    #: Host memory for sealed memfds. Default 8 GiB: most nodes keep several models hot.
+    cpu: int = 8 << 30
+    #: Local disk for the content-addressed layouts. Default 64 GiB.
+    disk: int = 64 << 30
+    #: Device memory per GPU. Default 0 (off) so a CPU node never tries to use CUDA.
+    gpu: int = 0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one peer may take of the daemon's socket server (see ``trims.daemon.server``)."""
+
+    #: Connections open at once on the store socket, all uids together. Default 4096: more
+    #: than the function instances one node runs, and a bound on the daemon's descriptors.
+    max_connections: int = 4096
+    #: Connections one uid may hold open on the store socket; root and the daemon's owner get no
+    #: exemption. Default 256: every instance holds one connection, and the local executor's
+    #: workers connect before they drop privileges, so they all count as the gateway's uid;
+    #: 16 uids would be needed to fill the total. Raise it where one uid runs more instances.
+    max_connections_per_uid: int = 256
+    #: Connections of the admin socket (owner and root only), counted apart from the store
+    #: socket's, so a flood there never blocks administration. Default 16: CLI calls are short.
+    max_admin_connections: int = 16
+    #: Seconds within which a request frame that has started arriving must be complete, else
+    #: the connection gets an error and is closed. Default 10 s: a request is at most
+    #: ``max_request_frame`` bytes on a local socket (microseconds); 10 s tolerates a stalled
+    #: client while stopping a slow-loris peer from holding buffers.
+    read_timeout: float = 10.0
+    #: Seconds a connection may stay silent while it holds no lease and has no request in
+    #: flight before it is closed; 0 disables. Default 60 s. A connection holding a lease is
+    #: never closed for idleness: the lease lives as long as the connection.
+    idle_timeout: float = 60.0
+    #: Largest request payload read, in bytes. Default 64 KiB (``MAX_REQUEST_FRAME``): the
+    #: largest legitimate request, an ``add`` with a 4096-character source, is ~5 KiB; replies
+    #: (manifests) keep the protocol's 16 MiB ``MAX_FRAME``.
+    max_request_frame: int = MAX_REQUEST_FRAME
+    #: Bytes of partially read requests buffered across all connections; at the limit the
+    #: daemon stops reading until some frees. Default 64 MiB: 1024 connections can each hold a
+    #: full request at once; beyond that, readers wait their turn.
+    read_buffer_total: int = 64 << 20
+    #: Warnings about one uid (bad frames, refused or timed-out connections) logged per
+    #: ``peer_log_interval``; the rest are counted and summarized. Default 10.
+    peer_log_burst: int = 10
+    #: Seconds over which ``peer_log_burst`` warnings per uid are allowed. Default 10 s.
+    peer_log_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_connections",
+            "max_connections_per_uid",
+            "max_admin_connections",
+            "max_request_frame",
+            "read_buffer_total",
+            "peer_log_burst",
+        ):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("read_timeout", "peer_log_interval"):
+            if not getattr(self, name) > 0:
+                raise ValidationError(f"{name} must be a positive number of seconds")
+        if not self.idle_timeout >= 0:
+            raise ValidationError("idle_timeout must be 0 (off) or a positive number of seconds")
+        if self.read_buffer_total < self.max_request_frame:
+            raise ValidationError(
+                f"read_buffer_total ({self.read_buffer_total} bytes) must hold at least one "
+                f"request of max_request_frame ({self.max_request_frame} bytes)"
+            )
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """Everything `trims daemon` needs; built once in its main()."""
+
+    #: Directory of the catalog (SQLite) and the disk tier. Must be on a local filesystem.
+    store_dir: Path
+    #: The store socket (acquire/release/info/list/stats). Its admin twin sits beside it.
+    socket_path: Path
+    #: Mode of the store socket. 0660: the owner and the configured group may connect.
+    socket_mode: int = 0o660
+    #: Group that may connect to the store socket (name or gid); None keeps the daemon's group.
+    socket_group: str | None = None
+    budgets: TierBudgets = field(default_factory=TierBudgets)
+    #: Eviction policy per tier, one of EVICTION_POLICIES. LRU suits serving traffic.
+    eviction: str = "lru"
+    #: S3 endpoint for s3:// sources (any S3-compatible store); None uses AWS defaults.
+    s3_endpoint: str | None = None
+    #: OTLP/HTTP endpoint for traces; None exports nothing.
+    otlp_endpoint: str | None = None
+    #: Address for the Prometheus /metrics endpoint ("host:port"); None disables it.
+    metrics_address: str | None = None
+    #: Tests only (hidden option --crash-point): the step of the add/remove commit protocol at
+    #: which the daemon SIGKILLs itself (trims.daemon.crashpoints.POINTS); None in production.
+    crash_point: str | None = None
+    #: Connection, timeout, buffer and log limits of the socket server, per peer and in total.
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    #: Seconds a remote source (the model file and its external data together) may take to
+    #: download before the ``add`` fails. Default 3600 s: tens of GiB on an ordinary link, while
+    #: a server that trickles a byte now and then cannot hold an ``add`` (and its disk space)
+    #: forever.
+    download_deadline: float = 3600.0
+    #: Seconds a download may wait for a connection or for its next byte. Default 60 s: rides
+    #: out a busy server; a silent one is cut off long before the deadline.
+    download_stall_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValidationError(
+                f"unknown eviction policy {self.eviction!r}; use one of {EVICTION_POLICIES}"
+            )
+        for name in ("download_deadline", "download_stall_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValidationError(f"{name} must be a positive number of seconds")
+
+    @property
+    def admin_socket_path(self) -> Path:
+        return admin_socket_for(self.socket_path)
