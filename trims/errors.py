@@ -22,11 +22,17 @@ Split by what the caller should do, not by where the error happened::
 
 Every error has a stable string ``code`` that crosses process boundaries (protocol frames,
 JSON bodies); :func:`error_from_code` rebuilds the class on the other side. Third-party errors
-(CUDA, boto, docker, kubernetes) are translated at the boundary with ``raise ... from``.
+(CUDA, boto, docker, kubernetes) are translated at the boundary with ``raise ... from``, through
+one declarative table per library (:class:`ErrorMap` rows, :func:`mapped_errors`; the shape of
+httpx's ``map_exceptions``) and one status table for every HTTP-speaking service
+(:func:`error_for_status`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
@@ -163,3 +169,55 @@ def error_from_dict(body: dict[str, Any]) -> TrimsError:
         str(body.get("message", "unknown error")),
         details if isinstance(details, dict) else None,
     )
+
+
+def error_for_status(status: int) -> type[TrimsError]:
+    """The trims error for a remote service's HTTP(-like) refusal: what the caller should do
+    about a 404 from the Kubernetes API, an S3 bucket or a model URL is the same."""
+    if status in (404, 410):
+        return NotFound
+    if status in (401, 403):
+        return PermissionDenied
+    if status == 409:
+        return AlreadyExists
+    if status in (408, 429) or status >= 500:
+        return Unavailable
+    if 400 <= status < 500:
+        return ValidationError
+    return UpstreamError
+
+
+@dataclass(frozen=True)
+class ErrorMap:
+    """One row of a library's error table: exceptions of ``types`` (for which ``when`` holds)
+    become ``error`` (a class, or a function of the exception choosing one) with ``message``,
+    formatted with ``{action}`` (what was being done) and ``{detail}`` (what the library said)."""
+
+    types: type[BaseException] | tuple[type[BaseException], ...]
+    error: type[TrimsError] | Callable[[Any], type[TrimsError]]
+    message: str = "{action}: {detail}"
+    when: Callable[[Any], bool] | None = None
+
+    def matches(self, e: BaseException) -> bool:
+        return isinstance(e, self.types) and (self.when is None or self.when(e))
+
+    def build(self, e: BaseException, action: str, detail: str) -> TrimsError:
+        cls: type[TrimsError] = self.error if isinstance(self.error, type) else self.error(e)
+        return cls(self.message.format(action=action, detail=detail))
+
+
+@contextlib.contextmanager
+def mapped_errors(
+    action: str, table: Sequence[ErrorMap], detail: Callable[[Any], str] = str
+) -> Iterator[None]:
+    """Translate the first matching row of ``table`` (others pass unchanged, trims errors too):
+    ``with mapped_errors("create pod x", RULES): api.create(...)``."""
+    try:
+        yield
+    except TrimsError:
+        raise
+    except Exception as e:
+        for row in table:
+            if row.matches(e):
+                raise row.build(e, action, detail(e)) from e
+        raise

@@ -49,6 +49,7 @@ from trims.errors import (
     TrimsError,
     Unavailable,
     ValidationError,
+    error_for_status,
 )
 from trims.protocol import Progress
 
@@ -278,16 +279,21 @@ def _deadline_error(url: str, deadline: float, done: int) -> Timeout:
     )
 
 
+#: What a status's error says about a model URL ({url}, {code}, {reason}).
+_HTTP_MESSAGES: dict[type[TrimsError], str] = {
+    NotFound: "{url} does not exist (HTTP {code})",
+    PermissionDenied: "{url} refused access (HTTP {code}); check the URL's access",
+    Unavailable: "{url} answered HTTP {code} {reason}; try again later",
+}
+
+
 def _http_status_error(url: str, e: urllib.error.HTTPError) -> TrimsError:
-    if e.code in (404, 410):
-        return NotFound(f"{url} does not exist (HTTP {e.code})")
-    if e.code in (401, 403):
-        return PermissionDenied(f"{url} refused access (HTTP {e.code}); check the URL's access")
-    if e.code >= 500 or e.code in (408, 429):
-        return Unavailable(f"{url} answered HTTP {e.code} {e.reason}; try again later")
+    """The refusal as :func:`trims.errors.error_for_status` reads the status."""
     if 300 <= e.code < 400:
         return ValidationError(f"{url} answered HTTP {e.code} without a Location to follow")
-    return ValidationError(f"{url} answered HTTP {e.code} {e.reason}")
+    cls = error_for_status(e.code)
+    message = _HTTP_MESSAGES.get(cls, "{url} answered HTTP {code} {reason}")
+    return cls(message.format(url=url, code=e.code, reason=e.reason))
 
 
 def _fetch_http(
@@ -361,11 +367,19 @@ def _s3_error(url: str, e: Exception) -> TrimsError:
     if isinstance(e, ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
         status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
+        # S3's error codes where its status is not the whole story.
+        if code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
+            status = 404
+        elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            status = 403
+        elif code in ("SlowDown", "ServiceUnavailable", "InternalError"):
+            status = 503
+        cls = error_for_status(status or (int(code) if code.isdigit() else 400))
+        if cls is NotFound:
             return NotFound(f"{url} does not exist ({code or status})")
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if cls is PermissionDenied:
             return PermissionDenied(f"{url} refused access ({code}); check the S3 credentials")
-        if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError"):
+        if cls is Unavailable:
             return Unavailable(f"{url}: S3 answered {code or status}; try again later")
         return ValidationError(f"{url}: S3 answered {code or status}: {e}")
     if isinstance(e, NoCredentialsError):

@@ -21,12 +21,20 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from trims.errors import NotFound, Timeout, Unavailable, UpstreamError, ValidationError
+from trims.errors import (
+    ErrorMap,
+    NotFound,
+    Timeout,
+    Unavailable,
+    UpstreamError,
+    ValidationError,
+    mapped_errors,
+)
 from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
 from trims.runtime.worker.client import (
     ConnectionLost,
@@ -104,7 +112,13 @@ class Executor(Protocol):
 
 
 class WorkerInstance(Instance):
-    """An instance reached over the wire protocol; subclasses say where and how it ended."""
+    """An instance reached over the wire protocol; subclasses say where and how it ended.
+
+    The end of life is shared: an executor's watch (a process's exit, a container's or pod's
+    end) calls :meth:`_end` with the reason once; :meth:`alive` and :meth:`wait_exit_reason`
+    read it. A subclass says where the worker listens (:meth:`address`) and how to stop it
+    (:meth:`terminate`).
+    """
 
     #: Seconds between connection attempts while the worker is still binding its socket.
     CONNECT_RETRY_S = 0.002
@@ -119,14 +133,29 @@ class WorkerInstance(Instance):
         self.model_acquire_s: float | None = None
         self._conn: WorkerConnection | None = None
         self._ready = False
+        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @abc.abstractmethod
     def address(self) -> str:
         """'unix:PATH' or 'tcp:HOST:PORT' of the worker."""
 
-    @abc.abstractmethod
+    def _end(self, reason: str) -> None:
+        """The worker ended, for ``reason`` (the first reason given is kept)."""
+        if self.exit_reason is None:
+            self.exit_reason = reason
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    def alive(self) -> bool:
+        return not self._ended.done()
+
     async def wait_exit_reason(self, timeout: float) -> str | None:
-        """Wait up to ``timeout`` for the process to end and return why (None if still running)."""
+        """Wait up to ``timeout`` for the worker to end and return why (None if still running)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ended), timeout)
+        except TimeoutError:
+            return None
+        return self.exit_reason
 
     @abc.abstractmethod
     async def terminate(self, grace_s: float) -> None:
@@ -269,3 +298,20 @@ def refuse_environment(spec: FunctionSpec, executor: str) -> None:
             "that holds what it needs instead, or deploy it with the local executor",
             field="environment",
         )
+
+
+R = TypeVar("R")
+
+
+async def call_in_thread(
+    action: str,
+    table: Sequence[ErrorMap],
+    fn: Callable[..., R],
+    *args: Any,
+    detail: Callable[[Any], str] = str,
+    **kwargs: Any,
+) -> R:
+    """Run a blocking client call (docker, kubernetes) in a thread, its errors translated by
+    the library's ``table`` (:func:`trims.errors.mapped_errors`)."""
+    with mapped_errors(action, table, detail):
+        return await asyncio.to_thread(fn, *args, **kwargs)

@@ -21,6 +21,7 @@ container's terminated state: OOMKilled, exit code, signal; or the pod's evictio
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -31,17 +32,18 @@ from typing import Any, TypeVar
 
 from trims.config import format_size
 from trims.errors import (
-    AlreadyExists,
+    ErrorMap,
     NotFound,
     PermissionDenied,
     Timeout,
-    TrimsError,
     Unavailable,
     ValidationError,
+    error_for_status,
 )
 from trims.runtime.executors.base import (
     Instance,
     WorkerInstance,
+    call_in_thread,
     pop_managed,
     refuse_environment,
     terminate_all,
@@ -107,43 +109,51 @@ def pending_reason(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _translate(action: str, error: Exception) -> TrimsError:
-    """A kubernetes client error as the trims error that says what to do."""
-    from kubernetes.client.exceptions import ApiException
+@functools.cache
+def _api_errors() -> tuple[ErrorMap, ...]:
+    """The kubernetes client's errors as the trims errors that say what to do."""
+    from kubernetes.client.exceptions import ApiException, OpenApiException
+    from urllib3.exceptions import HTTPError
 
-    if isinstance(error, ApiException):
-        reason = _api_message(error)
-        status = error.status or 0
-        if status == 404:
-            return NotFound(f"{action}: {reason}")
-        if status == 409:
-            return AlreadyExists(f"{action}: {reason}")
-        if status in (401, 403):
-            return PermissionDenied(
-                f"{action}: {reason}; grant the gateway's service account the chart's pod role"
-            )
-        if status in (400, 422):
-            return ValidationError(f"{action}: the API server rejected it: {reason}")
-        return Unavailable(f"{action}: API server error {status}: {reason}")
-    return Unavailable(f"{action}: cannot reach the Kubernetes API server ({error})")
+    def status_in(*codes: int) -> Callable[[Any], bool]:
+        return lambda e: (e.status or 0) in codes
+
+    return (
+        ErrorMap(
+            ApiException,
+            PermissionDenied,
+            "{action}: {detail}; grant the gateway's service account the chart's pod role",
+            when=status_in(401, 403),
+        ),
+        ErrorMap(
+            ApiException,
+            ValidationError,
+            "{action}: the API server rejected it: {detail}",
+            when=status_in(400, 422),
+        ),
+        ErrorMap(ApiException, lambda e: error_for_status(e.status), when=status_in(404, 409)),
+        ErrorMap(ApiException, Unavailable, "{action}: API server error {detail}"),
+        ErrorMap(
+            (OpenApiException, HTTPError, OSError),
+            Unavailable,
+            "{action}: cannot reach the Kubernetes API server ({detail})",
+        ),
+    )
 
 
 def _api_message(error: Any) -> str:
+    """What the API server said (its JSON ``message``), with the status for a server error."""
     try:
-        return str(json.loads(error.body).get("message") or error.reason)
+        message = str(json.loads(error.body).get("message") or error.reason)
     except (TypeError, ValueError, AttributeError):
-        return str(error.reason)
+        message = str(getattr(error, "reason", None) or error)
+    status = getattr(error, "status", None)
+    return f"{status}: {message}" if status and status >= 500 else message
 
 
 async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking client call in a thread, translating its errors."""
-    from kubernetes.client.exceptions import OpenApiException
-    from urllib3.exceptions import HTTPError
-
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except (OpenApiException, HTTPError, OSError) as e:
-        raise _translate(action, e) from e
+    return await call_in_thread(action, _api_errors(), fn, *args, detail=_api_message, **kwargs)
 
 
 class KubernetesInstance(WorkerInstance):
@@ -166,10 +176,10 @@ class KubernetesInstance(WorkerInstance):
             if spec.resources.memory_bytes is None
             else spec.resources.memory_bytes + executor.settings.memory_overhead_bytes
         )
-        loop = asyncio.get_running_loop()
         self._scheduled = asyncio.Event()
-        self._ended: asyncio.Future[None] = loop.create_future()
-        self._watch = loop.create_task(self._poll(), name=f"watch-pod-{pod_name}")
+        self._watch = asyncio.get_running_loop().create_task(
+            self._poll(), name=f"watch-pod-{pod_name}"
+        )
 
     async def _poll(self) -> None:
         api = self._executor.core_api
@@ -199,17 +209,11 @@ class KubernetesInstance(WorkerInstance):
             await asyncio.sleep(_POLL_S)
 
     def _end(self, reason: str) -> None:
-        if self.exit_reason is None:
-            self.exit_reason = reason
+        super()._end(reason)
         self._scheduled.set()
-        if not self._ended.done():
-            self._ended.set_result(None)
 
     def address(self) -> str:
         return f"tcp:{self.pod_ip}:{self._executor.settings.port}"
-
-    def alive(self) -> bool:
-        return not self._ended.done()
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait for the pod to be scheduled and get an IP, then for the worker's HELLO."""
@@ -224,13 +228,6 @@ class KubernetesInstance(WorkerInstance):
                 f"see 'kubectl describe pod {self.pod_name}' (is a trims daemon on some node?)"
             ) from None
         await super().wait_ready(max(0.001, deadline - loop.time()))
-
-    async def wait_exit_reason(self, timeout: float) -> str | None:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._ended), timeout)
-        except TimeoutError:
-            return None
-        return self.exit_reason
 
     async def terminate(self, grace_s: float) -> None:
         """Delete the pod (SIGTERM, the worker drains; SIGKILL after ``grace_s``).
@@ -351,8 +348,9 @@ class KubernetesExecutor:
         self._closed = True
         instances, self._instances = list(self._instances.values()), {}
         for instance, error in await terminate_all(instances, 5.0):
-            log.warning("pod %s of %s could not be deleted: %s",
-                        instance.pod_name, instance.function, error)  # fmt: skip
+            log.warning(
+                "pod %s of %s could not be deleted: %s", instance.pod_name, instance.function, error
+            )
         if self._core is not None and self._api_client is None:
             self._core.api_client.close()
         self._core = None

@@ -158,8 +158,7 @@ class LocalInstance(WorkerInstance):
 
     async def _watch_exit(self) -> None:
         code = await self.process.wait()
-        if self.exit_reason is None:
-            self.exit_reason = self._describe(code)
+        self._end(self._describe(code))
         if code != 0:
             log.warning("instance %s of %s ended: %s", self.id, self.function, self.exit_reason)
 
@@ -173,14 +172,9 @@ class LocalInstance(WorkerInstance):
         return f"unix:{self.socket_path}"
 
     def alive(self) -> bool:
+        # The process's own status: it is known the moment the child exits, before the watch
+        # task has run and recorded why.
         return self.process.returncode is None
-
-    async def wait_exit_reason(self, timeout: float) -> str | None:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._watch), timeout)
-        except TimeoutError:
-            return None
-        return self.exit_reason
 
     async def terminate(self, grace_s: float) -> None:
         """SIGTERM (drain), SIGKILL after ``grace_s``; returns once the process is gone."""
