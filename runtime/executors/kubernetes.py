@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trims.config import format_size
 from trims.errors import (
     ErrorMap,
     NotFound,
@@ -53,7 +52,7 @@ from trims.runtime.kubernetes_objects import (
     KubernetesExecutorSettings,
     pod_manifest,
 )
-from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+from trims.runtime.worker.exits import describe_container_end
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +81,12 @@ def describe_pod_end(pod: Mapping[str, Any], *, memory_limit: int | None) -> str
         terminated = (cs.get("state") or {}).get("terminated")
         if not terminated:
             continue
-        if terminated.get("reason") == "OOMKilled":
-            limit = f" (container limit {format_size(memory_limit)})" if memory_limit else ""
-            return f"out of memory{limit}: the kernel OOM-killed the container"
-        code = int(terminated.get("exitCode", -1))
-        detail = ""
-        if code == EXIT_INIT_FAILED:
-            message = str(terminated.get("message") or "")
-            detail = message.rsplit("init failed:", 1)[-1].strip() if message else ""
-        if code > 128:
-            return describe_returncode(-(code - 128), memory_bytes=memory_limit, detail=detail)
-        return describe_returncode(code, memory_bytes=memory_limit, detail=detail)
+        return describe_container_end(
+            int(terminated.get("exitCode", -1)),
+            oom_killed=terminated.get("reason") == "OOMKilled",
+            memory_limit=memory_limit,
+            init_text=str(terminated.get("message") or ""),
+        )
     if phase == "Failed":
         reason = status.get("reason") or "Failed"
         return f"pod {reason.lower()}: {status.get('message') or 'no message'}"

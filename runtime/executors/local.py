@@ -44,7 +44,7 @@ from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
 from trims.runtime.executors.zygote import Zygote
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
-from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode, init_failure
 from trims.runtime.worker.sandbox import effective_run_as, resolve_user
 from trims.telemetry import inject_context
 
@@ -125,18 +125,14 @@ class _SpawnedProcess:
                 os.killpg(self.pid, sig)
 
 
-def _log_tail(path: Path, prefix: str) -> str:
-    """The last log line starting with ``prefix`` (the worker's own account of its end)."""
+def _log_tail(path: Path, size: int = 8192) -> str:
+    """The last ``size`` bytes of a worker's log (where it tells why it ended), or ""."""
     try:
         with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
-            lines = f.read().decode(errors="replace").splitlines()
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
-    for line in reversed(lines):
-        if line.startswith(prefix):
-            return line[len(prefix) :].strip()
-    return ""
 
 
 class LocalInstance(WorkerInstance):
@@ -163,7 +159,7 @@ class LocalInstance(WorkerInstance):
             log.warning("instance %s of %s ended: %s", self.id, self.function, self.exit_reason)
 
     def _describe(self, code: int) -> str:
-        detail = _log_tail(self.log_path, "init failed:") if code == EXIT_INIT_FAILED else ""
+        detail = init_failure(_log_tail(self.log_path)) if code == EXIT_INIT_FAILED else ""
         return describe_returncode(
             code, memory_bytes=self.spec.resources.memory_bytes, detail=detail
         )

@@ -33,3 +33,33 @@ def describe_returncode(code: int, *, memory_bytes: int | None = None, detail: s
     if code == EXIT_OUT_OF_MEMORY:
         return f"out of memory{limit}{suffix}"
     return f"exited with code {code}{suffix}"
+
+
+#: The line a worker writes (its log's last words, a pod's termination message) when init fails.
+INIT_FAILED_PREFIX = "init failed:"
+
+
+def init_failure(text: str) -> str:
+    """The reason on the last ``init failed: <reason>`` line of ``text`` (a log tail, a
+    termination message), or ""."""
+    for line in reversed(text.splitlines()):
+        _, found, reason = line.partition(INIT_FAILED_PREFIX)
+        if found:
+            return reason.strip()
+    return ""
+
+
+def describe_container_end(
+    exit_code: int, *, oom_killed: bool, memory_limit: int | None, init_text: str = ""
+) -> str:
+    """A container's (or pod container's) end as a reason, for the docker and kubernetes
+    executors alike: the kernel's OOM kill, else the exit code, where the container's PID 1
+    reports 128 + N for a worker killed by signal N; ``init_text`` is where the worker's
+    ``init failed:`` line may be (its log tail, the pod's termination message)."""
+    if oom_killed:
+        limit = f" (container limit {format_size(memory_limit)})" if memory_limit else ""
+        return f"out of memory{limit}: the kernel OOM-killed the container"
+    detail = init_failure(init_text) if exit_code == EXIT_INIT_FAILED else ""
+    if exit_code > 128:
+        return describe_returncode(-(exit_code - 128), memory_bytes=memory_limit, detail=detail)
+    return describe_returncode(exit_code, memory_bytes=memory_limit, detail=detail)
