@@ -1,4 +1,4 @@
-"""Maps the top-level folders into the `trims` namespace (see DESIGN.md, Layout).
+"""Maps the top-level folders into the `trims` namespace (see README.md, Development).
 
 pyproject.toml holds all metadata; this file only enumerates the sub-packages of each mapped
 folder, because setuptools' declarative `packages.find` cannot rename a folder into a namespace.

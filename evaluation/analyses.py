@@ -1,8 +1,9 @@
 """The analyses behind ``trims analyze`` and the ``evaluation`` benchmark function.
 
-Each analysis takes :class:`AnalyzeSettings` and returns a :class:`Report`: the JSON body (the
-issue's schema), the human tables, and a function that draws its plots into a folder. The
-command prints and writes them; the benchmark function returns the body.
+Each analysis takes :class:`AnalyzeSettings` and returns a :class:`Report`: the JSON body (its
+shape is documented in docs/evaluation.md), the human tables, and a function that draws its
+plots into a folder. The command prints and writes them; the benchmark function returns the
+body.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from trims.config import results_db
 from trims.evaluation.families import FAMILIES
+from trims.tables import text_table
 
 log = logging.getLogger(__name__)
 
@@ -156,20 +158,8 @@ def progress(items: Sequence[T], desc: str, enabled: bool) -> Iterable[T]:
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
-    ]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in cells
-    ]
-    return "\n".join(out)
+    """A text table: first column left, the rest right-aligned, floats to 2 decimals."""
+    return text_table(headers, rows, align="l" + "r" * len(headers), rule=True, float_format=".2f")
 
 
 def _load(settings: AnalyzeSettings) -> list[Any]:

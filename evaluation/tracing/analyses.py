@@ -256,7 +256,8 @@ def _layer_run(trace: Trace) -> list[Span]:
 
 
 def summary(result: LeveledResult, ir: ModelIR | None) -> dict[str, Any]:
-    """The trace's JSON (the issue's keys, and the match, op types and errors besides)."""
+    """The trace's JSON: the keys docs/evaluation.md documents, and the match, op types and
+    errors besides."""
     rows, match = layer_rows(
         _layer_run(result.trace), result.framework, ir, result.layer_predict_ns
     )

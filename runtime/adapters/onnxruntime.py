@@ -293,7 +293,8 @@ def session(
         options.add_session_config_entry("session.disable_prepacking", "1")
     graph, inlined = inline_small_initializers(graph_bytes(weights), weights)
     values = ort_values(weights, skip=inlined)
-    if hasattr(options, "add_external_initializers"):  # ORT >= 1.15; see Note [Two ways in]
+    # ORT >= 1.15; see Note [Two ways in, both needed]
+    if hasattr(options, "add_external_initializers"):
         options.add_external_initializers(list(values), list(values.values()))
     for name, value in values.items():
         options.add_initializer(name, value)

@@ -11,7 +11,7 @@ Protocol (newline-delimited JSON over a socketpair; the executor holds the other
     executor -> zygote  {"op": "signal", "pid", "signal"}                      to its process group
     zygote -> executor  {"event": "exit", "pid", "status"}                     raw wait status
 
-Invariants (see Note [fork safety]):
+Note [fork safety]: the invariants that keep a fork of this process a working worker.
 
 * The zygote never runs framework code: imports only. OpenMP and other thread pools that
   torch creates on first use do not survive ``fork``; a child that inherited a half-initialised

@@ -52,7 +52,8 @@ TOTAL_METRIC = "total"
 #: Content type of the per-step outputs envelope.
 ENVELOPE_TYPE = "application/vnd.trims.pipeline-outputs+json"
 
-#: Pipeline and step names; applied with fullmatch (see Note [full-string names] in spec.py).
+#: Pipeline and step names; applied with fullmatch (see Note [full-string names] in
+#: runtime/functions/spec.py).
 NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 PIPELINE_SCHEMA: dict[str, Any] = {

