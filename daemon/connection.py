@@ -29,8 +29,8 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trims.daemon.ops import dispatch
-from trims.daemon.store import Caller, Progress, Reply
+from trims.daemon.dispatch import dispatch
+from trims.daemon.store import Caller, Progress, StoreReply
 from trims.errors import (
     ProtocolError,
     Timeout,
@@ -253,7 +253,7 @@ class Connection:
     async def _handle(self, message: dict[str, Any]) -> None:
         rid = message.get("id")
         valid_id = isinstance(rid, int) and not isinstance(rid, bool)
-        reply: Reply | None = None
+        reply: StoreReply | None = None
         try:
             try:
                 reply = await self._answer(message, rid)
@@ -289,7 +289,7 @@ class Connection:
                 "reply to pid %d not delivered (%s); its connection is closing", self.peer.pid, e
             )
 
-    async def _answer(self, message: dict[str, Any], rid: object) -> Reply:
+    async def _answer(self, message: dict[str, Any], rid: object) -> StoreReply:
         """Dispatch one request; any failure comes out as a TrimsError."""
         pending: list[asyncio.Task[None]] = []
         try:

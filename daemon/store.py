@@ -43,7 +43,7 @@ MAX_LEASES_PER_CONNECTION = 4096
 
 
 @dataclass(frozen=True)
-class Reply:
+class StoreReply:
     """An operation's result and the descriptors to attach (``close_fds``: ours to close)."""
 
     result: dict[str, Any]
@@ -262,8 +262,8 @@ class Store:
 
     # ---- operations -----------------------------------------------------------------------
 
-    def hello(self, caller: Caller) -> Reply:
-        return Reply(
+    def hello(self, caller: Caller) -> StoreReply:
+        return StoreReply(
             {
                 "daemon_version": __version__,
                 "protocol": PROTOCOL_VERSION,
@@ -280,7 +280,7 @@ class Store:
         digest: str | None,
         tier: str,
         device: str | None,
-    ) -> Reply:
+    ) -> StoreReply:
         started = time.monotonic()
         with _tracer.start_as_current_span("acquire") as span:
             span.set_attribute("trims.model", name)
@@ -313,7 +313,7 @@ class Store:
             )
             self._update_gauges()
             self.metrics.acquire_latency.labels(tier).observe(time.monotonic() - started)
-            return Reply(
+            return StoreReply(
                 {
                     "lease": lease.id,
                     "tier": tier,
@@ -333,11 +333,11 @@ class Store:
                 f"device {device!r} is not served by this daemon; it serves {list(names)}"
             )
 
-    def release(self, caller: Caller, lease_id: str) -> Reply:
+    def release(self, caller: Caller, lease_id: str) -> StoreReply:
         lease = self.leases.release(lease_id, caller.connection)
         self._after_lease_end(lease.tier, lease.digest)
         self._update_gauges()
-        return Reply({})
+        return StoreReply({})
 
     def end_connection(self, connection: int) -> int:
         """The connection closed (or its process died): end all its leases."""
@@ -355,15 +355,15 @@ class Store:
         if resident is not None and not self.catalog.by_digest(digest):
             self.res.evict(tier, resident, "its model was removed and its last lease ended")
 
-    def info(self, caller: Caller, name: str, version: str | None) -> Reply:
+    def info(self, caller: Caller, name: str, version: str | None) -> StoreReply:
         record = self._resolve(caller, name, version)
-        return Reply({"model": self.model_dict(record, admin=caller.admin, tensors=True)})
+        return StoreReply({"model": self.model_dict(record, admin=caller.admin, tensors=True)})
 
-    def list(self, caller: Caller) -> Reply:
+    def list(self, caller: Caller) -> StoreReply:
         visible = [r for r in self.catalog.all() if self._visible(caller, r)]
-        return Reply({"models": [self.model_dict(r, admin=caller.admin) for r in visible]})
+        return StoreReply({"models": [self.model_dict(r, admin=caller.admin) for r in visible]})
 
-    def stats(self, caller: Caller) -> Reply:
+    def stats(self, caller: Caller) -> StoreReply:
         tiers: dict[str, Any] = {}
         for t in MEMORY_TIERS:
             ledger = self.res.ledgers[t]
@@ -393,7 +393,7 @@ class Store:
         }
         if caller.admin:
             result["lease_table"] = [lease.to_dict() for lease in self.leases.all()]
-        return Reply(result)
+        return StoreReply(result)
 
     async def load(
         self,
@@ -402,18 +402,18 @@ class Store:
         version: str | None,
         tier: str,
         progress: Progress | None,
-    ) -> Reply:
+    ) -> StoreReply:
         record = self.catalog.get(name, version)
         if tier == "disk":
             await self.res.ensure_disk(record)
             await self.res.verify_disk(record)
         else:
             await self.res.ensure_resident(tier, record, progress)
-        return Reply({"model": self.model_dict(record, admin=True)})
+        return StoreReply({"model": self.model_dict(record, admin=True)})
 
     async def evict(
         self, caller: Caller, name: str, version: str | None, tier: str | None
-    ) -> Reply:
+    ) -> StoreReply:
         record = self.catalog.get(name, version)
         evicted: list[str] = []
         for t in [tier] if tier else list(MEMORY_TIERS):
@@ -437,9 +437,9 @@ class Store:
                 self.res.evict(t, resident, "evicted on request")
                 evicted.append(t)
         self._update_gauges()
-        return Reply({"evicted": evicted, "model": self.model_dict(record, admin=True)})
+        return StoreReply({"evicted": evicted, "model": self.model_dict(record, admin=True)})
 
-    async def pin(self, caller: Caller, name: str, version: str | None, tier: str) -> Reply:
+    async def pin(self, caller: Caller, name: str, version: str | None, tier: str) -> StoreReply:
         record = self.catalog.get(name, version)
         if tier == "disk":
             await self.res.ensure_disk(record)
@@ -447,13 +447,15 @@ class Store:
             await self.res.ensure_resident(tier, record)
         self.catalog.set_pins(record.name, record.version, record.pins | {tier})
         log.info("model %s pinned in the %s tier", record.key, tier)
-        return Reply({"model": self.model_dict(self.catalog.get(name, record.version), admin=True)})
+        model = self.catalog.get(name, record.version)
+        return StoreReply({"model": self.model_dict(model, admin=True)})
 
-    def unpin(self, caller: Caller, name: str, version: str | None, tier: str | None) -> Reply:
+    def unpin(self, caller: Caller, name: str, version: str | None, tier: str | None) -> StoreReply:
         record = self.catalog.get(name, version)
         pins = record.pins - {tier} if tier else frozenset()
         self.catalog.set_pins(record.name, record.version, frozenset(pins))
-        return Reply({"model": self.model_dict(self.catalog.get(name, record.version), admin=True)})
+        model = self.catalog.get(name, record.version)
+        return StoreReply({"model": self.model_dict(model, admin=True)})
 
     async def add(
         self,
@@ -465,7 +467,7 @@ class Store:
         sha256: str | None,
         access: AccessList,
         progress: Progress | None,
-    ) -> Reply:
+    ) -> StoreReply:
         """Add a model by Note [commit protocol]."""
         self.catalog.begin_add(name, version, source, access)
         crashpoint("add.intent")
@@ -489,7 +491,7 @@ class Store:
         log.info(
             "model %s added (%s, %s)", record.key, record.format, format_size(record.total_bytes)
         )
-        return Reply({"model": self.model_dict(record, admin=True)})
+        return StoreReply({"model": self.model_dict(record, admin=True)})
 
     def _drop_abandoned(self, ingest: asyncio.Future[Manifest]) -> None:
         """A failed or cancelled add's ingest ended: delete its blob unless a row names it."""
@@ -500,7 +502,7 @@ class Store:
             self.res.drop_disk_copy(digest, "its add failed before it committed")
             self._update_gauges()
 
-    def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> Reply:
+    def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> StoreReply:
         records = (
             [self.catalog.get(name, version)]
             if version
@@ -533,4 +535,4 @@ class Store:
             self.res.forget(r.digest)
         self._remove_strays({r.name for r in records})
         self._update_gauges()
-        return Reply({"removed": [r.key for r in records]})
+        return StoreReply({"removed": [r.key for r in records]})

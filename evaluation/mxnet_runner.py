@@ -20,7 +20,7 @@ import numpy as np
 
 from trims.evaluation.measure import MeasureSettings, measure
 
-Op = Callable[[Any, list[Any], dict[str, Any]], list[Any]]
+OpFn = Callable[[Any, list[Any], dict[str, Any]], list[Any]]
 
 
 def _pad4(mx: Any, x: Any, pads: list[int], value: float) -> Any:
@@ -56,7 +56,7 @@ def _conv(mx: Any, x: list[Any], a: dict[str, Any]) -> list[Any]:
     return [mx.nd.Convolution(data, weight, no_bias=True, **kwargs)]
 
 
-def _pool(kind: str) -> Op:
+def _pool(kind: str) -> OpFn:
     def run(mx: Any, x: list[Any], a: dict[str, Any]) -> list[Any]:
         pads, symmetric = _split_pads(a)
         fill = float("-inf") if kind == "max" else 0.0
@@ -108,7 +108,7 @@ def _softmax(mx: Any, x: list[Any], a: dict[str, Any]) -> list[Any]:
     return [mx.nd.softmax(flat, axis=1).reshape(shape)]
 
 
-def _binary(name: str) -> Op:
+def _binary(name: str) -> OpFn:
     def run(mx: Any, x: list[Any], a: dict[str, Any]) -> list[Any]:
         lhs, rhs = _align(mx, x[0], x[1])
         return [getattr(mx.nd, name)(lhs, rhs)]
@@ -124,7 +124,7 @@ def _sum(mx: Any, x: list[Any], a: dict[str, Any]) -> list[Any]:
     return [out]
 
 
-OPS: dict[str, Op] = {
+OPS: dict[str, OpFn] = {
     "Conv": _conv,
     "MaxPool": _pool("max"),
     "AveragePool": _pool("avg"),
@@ -176,7 +176,7 @@ class Step:
 
     name: str
     op_type: str
-    fn: Op
+    fn: OpFn
     inputs: list[str]
     outputs: list[str]
     attrs: dict[str, Any]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import onnx
     import torch
 
-Op = Callable[[list[Any], dict[str, Any]], list[Any]]
+OpFn = Callable[[list[Any], dict[str, Any]], list[Any]]
 
 
 def framework_version() -> str:
@@ -49,7 +49,7 @@ def _pad_input(
     return F.pad(x, flat, value=value), [0] * dims
 
 
-def _ops() -> dict[str, Op]:
+def _ops() -> dict[str, OpFn]:
     import torch
     import torch.nn.functional as F
 

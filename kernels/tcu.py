@@ -44,8 +44,8 @@ from trims.errors import ValidationError
 log = logging.getLogger(__name__)
 
 Acc = Literal["fp16", "fp32"]
-Op = Literal["reduce", "scan"]
-T = 16
+Operation = Literal["reduce", "scan"]
+TILE = 16
 FP16_MAX = 65504.0
 U16 = 2.0**-11
 U32 = 2.0**-24
@@ -58,44 +58,44 @@ FArray = npt.NDArray[np.floating[Any]]
 
 def constant_matrices() -> dict[str, npt.NDArray[np.float16]]:
     """P, P^T, U, L and O as fp16 16x16 matrices."""
-    p = np.zeros((T, T), np.float16)
+    p = np.zeros((TILE, TILE), np.float16)
     p[0, :] = 1
     return {
         "P": p,
         "PT": np.ascontiguousarray(p.T),
-        "U": np.triu(np.ones((T, T), np.float16)),
-        "L": np.tril(np.ones((T, T), np.float16), -1),
-        "O": np.ones((T, T), np.float16),
+        "U": np.triu(np.ones((TILE, TILE), np.float16)),
+        "L": np.tril(np.ones((TILE, TILE), np.float16), -1),
+        "O": np.ones((TILE, TILE), np.float16),
     }
 
 
 def method_for(segment: int) -> str:
     """Which formulation a segment size uses (after padding it to a multiple of 16)."""
-    s = _round_up(max(segment, 1), T)
-    if s == T:
+    s = _round_up(max(segment, 1), TILE)
+    if s == TILE:
         return "16"
-    if s == T * T:
+    if s == TILE * TILE:
         return "256"
-    if s % (T * T) == 0:
+    if s % (TILE * TILE) == 0:
         return "256n"
     return "16n"
 
 
-def rounding_stages(op: Op, segment: int, n: int | None = None) -> tuple[int, int]:
+def rounding_stages(op: Operation, segment: int, n: int | None = None) -> tuple[int, int]:
     """(operand roundings to fp16, accumulator roundings) on one output's dependency chain.
 
     ``segment=0`` means the full operation over ``n`` elements.
     """
     if segment == 0:
-        size = _round_up(max(n or 0, 1), T)
+        size = _round_up(max(n or 0, 1), TILE)
         if size <= FULL_CHUNK:
             return rounding_stages(op, size)
         ops, accs = rounding_stages(op, FULL_CHUNK)
         sub_ops, sub_accs = rounding_stages(op, 0, -(-size // FULL_CHUNK))
         return ops + sub_ops + 1, accs + sub_accs + 1
-    s = _round_up(max(segment, 1), T)
+    s = _round_up(max(segment, 1), TILE)
     method = method_for(s)
-    k = s // T if method == "16n" else s // (T * T)
+    k = s // TILE if method == "16n" else s // (TILE * TILE)
     table = {
         ("reduce", "16"): (0, 1),
         ("reduce", "256"): (1, 2),
@@ -109,7 +109,7 @@ def rounding_stages(op: Op, segment: int, n: int | None = None) -> tuple[int, in
     return table[(op, method)]
 
 
-def error_bound(op: Op, segment: int, acc: Acc, n: int | None = None) -> float:
+def error_bound(op: Operation, segment: int, acc: Acc, n: int | None = None) -> float:
     """Worst-case |result - float64 reference| divided by the sum of |x| the result depends on.
 
     First-order bound: the input rounding to fp16, one fp16 unit per operand rounding, one
@@ -160,7 +160,7 @@ def _segments(a: Any, segment: int, xp: Any) -> tuple[Any, int]:
     """(nseg, s16) zero-padded segment matrix and the number of segments."""
     n = int(a.size)
     nseg = max(1, -(-n // segment))
-    s16 = _round_up(segment, T)
+    s16 = _round_up(segment, TILE)
     padded = xp.zeros(nseg * segment, dtype=xp.float16)
     padded[:n] = a
     mat = padded.reshape(nseg, segment)
@@ -197,7 +197,7 @@ class _Mma:
     def right(self, a: Any, name: str, c: Any | None = None) -> Any:
         """A_b @ M for every tile A_b of ``a`` (shape (..., 16, 16)); one GEMM for the stack."""
         shape = a.shape
-        d = self._operand(a).reshape(-1, T) @ self.m[name].astype(self.xp.float32)
+        d = self._operand(a).reshape(-1, TILE) @ self.m[name].astype(self.xp.float32)
         d = d.reshape(shape)
         if c is not None:
             d = d + c.astype(self.xp.float32)
@@ -208,7 +208,7 @@ class _Mma:
         """M @ A_b for every tile: (A_b^T M^T)^T, again one GEMM for the stack."""
         shape = a.shape
         at = self.xp.ascontiguousarray(self.xp.swapaxes(self._operand(a), -1, -2))
-        d = at.reshape(-1, T) @ self.m[name].astype(self.xp.float32).T
+        d = at.reshape(-1, TILE) @ self.m[name].astype(self.xp.float32).T
         d = self.xp.swapaxes(d.reshape(shape), -1, -2)
         if c is not None:
             d = d + c.astype(self.xp.float32)
@@ -221,7 +221,7 @@ class _Mma:
 
 def _pad_segments(mat: Any, xp: Any) -> tuple[Any, int]:
     """``mat`` (nseg, s) in fp16 with zero rows appended up to a multiple of 16; (rows, count)."""
-    groups = _round_up(mat.shape[0], T)
+    groups = _round_up(mat.shape[0], TILE)
     rows = xp.zeros((groups, mat.shape[1]), xp.float16)
     rows[: mat.shape[0]] = mat
     return rows, groups
@@ -234,13 +234,13 @@ def _reduce_segments(mat: Any, mma: _Mma) -> Any:
     method = method_for(s)
     if method == "16":
         tiles, groups = _pad_segments(mat, xp)
-        v = mma.right(tiles.reshape(-1, T, T), "PT")
+        v = mma.right(tiles.reshape(-1, TILE, TILE), "PT")
         return v[:, :, 0].reshape(-1)[:nseg]
     if method == "256":
-        v = mma.right(mma.left("P", mat.reshape(-1, T, T)), "PT")
+        v = mma.right(mma.left("P", mat.reshape(-1, TILE, TILE)), "PT")
         return v[:, 0, 0]
     if method == "256n":
-        tiles = mat.reshape(nseg, s // (T * T), T, T)
+        tiles = mat.reshape(nseg, s // (TILE * TILE), TILE, TILE)
         v = None
         for k in range(tiles.shape[1]):
             v = mma.left("P", tiles[:, k], v)
@@ -248,7 +248,7 @@ def _reduce_segments(mat: Any, mma: _Mma) -> Any:
         return mma.right(v, "PT")[:, 0, 0]
     # 16n: 16 segments per tile row block, accumulate over 16-column slabs
     rows, groups = _pad_segments(mat, xp)
-    slabs = rows.reshape(groups // T, T, s // T, T)
+    slabs = rows.reshape(groups // TILE, TILE, s // TILE, TILE)
     v = None
     for k in range(slabs.shape[2]):
         v = mma.right(slabs[:, :, k], "PT", v)
@@ -263,27 +263,29 @@ def _scan_segments(mat: Any, mma: _Mma) -> Any:
     method = method_for(s)
     if method == "16":
         tiles, groups = _pad_segments(mat, xp)
-        return mma.right(tiles.reshape(-1, T, T), "U").reshape(groups, T)[:nseg]
+        return mma.right(tiles.reshape(-1, TILE, TILE), "U").reshape(groups, TILE)[:nseg]
     if method == "256":
-        tiles = mat.reshape(-1, T, T)
+        tiles = mat.reshape(-1, TILE, TILE)
         return _scan256(tiles, mma, None).reshape(nseg, s)
     if method == "256n":
-        tiles = mat.reshape(nseg, s // (T * T), T, T)
+        tiles = mat.reshape(nseg, s // (TILE * TILE), TILE, TILE)
         out = xp.empty(tiles.shape, mma.acc_dtype)
         carry = None
         for k in range(tiles.shape[1]):
-            addend = None if carry is None else xp.broadcast_to(carry[:, None, None], (nseg, T, T))
+            addend = (
+                None if carry is None else xp.broadcast_to(carry[:, None, None], (nseg, TILE, TILE))
+            )
             out[:, k] = _scan256(tiles[:, k], mma, addend)
-            carry = out[:, k, T - 1, T - 1]
+            carry = out[:, k, TILE - 1, TILE - 1]
         return out.reshape(nseg, s)
     rows, groups = _pad_segments(mat, xp)
-    slabs = rows.reshape(groups // T, T, s // T, T)
+    slabs = rows.reshape(groups // TILE, TILE, s // TILE, TILE)
     out = xp.empty(slabs.shape, mma.acc_dtype)
     carry = None
     for k in range(slabs.shape[2]):
-        addend = None if carry is None else xp.broadcast_to(carry[:, :, None], (*carry.shape, T))
+        addend = None if carry is None else xp.broadcast_to(carry[:, :, None], (*carry.shape, TILE))
         out[:, :, k] = mma.right(slabs[:, :, k], "U", addend)
-        carry = out[:, :, k, T - 1]
+        carry = out[:, :, k, TILE - 1]
     return out.reshape(groups, s)[:nseg]
 
 
@@ -335,7 +337,7 @@ def full_reduce(x: npt.ArrayLike, acc: Acc = "fp32", *, xp: Any = np) -> float:
 def _full_reduce(a: Any, mma: _Mma, acc: Acc) -> Any:
     xp = mma.xp
     if a.size <= FULL_CHUNK:
-        mat, _ = _segments(a, _round_up(int(a.size), T), xp)
+        mat, _ = _segments(a, _round_up(int(a.size), TILE), xp)
         out = _reduce_segments(mat, mma)
         _check_overflow(out, xp, acc)
         return out[0]
@@ -363,7 +365,7 @@ def _full_scan(a: Any, mma: _Mma, acc: Acc) -> Any:
     xp = mma.xp
     n = int(a.size)
     if n <= FULL_CHUNK:
-        mat, _ = _segments(a, _round_up(n, T), xp)
+        mat, _ = _segments(a, _round_up(n, TILE), xp)
         return _scan_segments(mat, mma).reshape(-1)[:n]
     mat, nseg = _segments(a, FULL_CHUNK, xp)
     scanned = _scan_segments(mat, mma)
@@ -412,20 +414,20 @@ class WmmaKernels:
         cp = _cupy()
         n = int(x16.size)
         dtype = cp.float16 if acc == "fp16" else cp.float32
-        if segment == T:
-            tiles = -(-n // (T * T))
-            buf = cp.zeros(tiles * T * T, cp.float16)
+        if segment == TILE:
+            tiles = -(-n // (TILE * TILE))
+            buf = cp.zeros(tiles * TILE * TILE, cp.float16)
             buf[:n] = x16
-            out = cp.empty(tiles * T, dtype)
+            out = cp.empty(tiles * TILE, dtype)
             self._launch(f"reduce16_{acc}", tiles, (buf, out, np.int64(tiles)))
-            return out[: -(-n // T)]
-        if segment % (T * T):
+            return out[: -(-n // TILE)]
+        if segment % (TILE * TILE):
             raise ValidationError("the WMMA kernels take segment 16 or a multiple of 256")
         nseg = -(-n // segment)
         buf = cp.zeros(nseg * segment, cp.float16)
         buf[:n] = x16
         out = cp.empty(nseg, dtype)
-        k = segment // (T * T)
+        k = segment // (TILE * TILE)
         self._launch(f"reduce256n_{acc}", nseg, (buf, out, np.int64(nseg), np.int32(k)))
         return out
 
@@ -434,20 +436,20 @@ class WmmaKernels:
         cp = _cupy()
         n = int(x16.size)
         dtype = cp.float16 if acc == "fp16" else cp.float32
-        if segment == T:
-            tiles = -(-n // (T * T))
-            buf = cp.zeros(tiles * T * T, cp.float16)
+        if segment == TILE:
+            tiles = -(-n // (TILE * TILE))
+            buf = cp.zeros(tiles * TILE * TILE, cp.float16)
             buf[:n] = x16
-            out = cp.empty(tiles * T * T, dtype)
+            out = cp.empty(tiles * TILE * TILE, dtype)
             self._launch(f"scan16_{acc}", tiles, (buf, out, np.int64(tiles)))
             return out[:n]
-        if segment % (T * T):
+        if segment % (TILE * TILE):
             raise ValidationError("the WMMA kernels take segment 16 or a multiple of 256")
         nseg = -(-n // segment)
         buf = cp.zeros(nseg * segment, cp.float16)
         buf[:n] = x16
         out = cp.empty(nseg * segment, dtype)
-        k = segment // (T * T)
+        k = segment // (TILE * TILE)
         self._launch(f"scan256n_{acc}", nseg, (buf, out, np.int64(nseg), np.int32(k)))
         return out[:n]
 
@@ -476,7 +478,7 @@ def wmma_kernels() -> WmmaKernels:
     return WmmaKernels(module)
 
 
-def reference(op: Op, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.float64]:
+def reference(op: Operation, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.float64]:
     """float64 reference of a segmented (segment > 0) or full (segment = 0) operation."""
     a = np.asarray(x, dtype=np.float64).reshape(-1)
     n = a.size
@@ -492,12 +494,12 @@ def reference(op: Op, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.float64]
     return mat.cumsum(axis=1).reshape(-1)[:n]
 
 
-def abs_reference(op: Op, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.float64]:
+def abs_reference(op: Operation, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.float64]:
     """The sums of |x| each output depends on (the scale of :func:`error_bound`)."""
     return reference(op, np.abs(np.asarray(x, dtype=np.float64)), segment)
 
 
-def error_ratio(op: Op, result: Any, x: npt.ArrayLike, segment: int, acc: Acc) -> float:
+def error_ratio(op: Operation, result: Any, x: npt.ArrayLike, segment: int, acc: Acc) -> float:
     """max over outputs of |result - float64 reference| / allowed error; at most 1 is in bounds.
 
     allowed = :func:`error_bound` * (sum of |x| the output depends on) + one fp16 subnormal

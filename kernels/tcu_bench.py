@@ -53,7 +53,7 @@ class TcuSettings:
 
 
 def _methods(
-    op: tcu.Op, segment: int, xp: Any, backend: str
+    op: tcu.Operation, segment: int, xp: Any, backend: str
 ) -> Iterator[tuple[str, str | None, Callable[[Any], Any]]]:
     """(method name, accumulator or None for baselines, fn(x16) -> result)."""
     for acc in ("fp16", "fp32"):
@@ -114,7 +114,7 @@ def run(settings: TcuSettings) -> list[TcuRow]:
         )
         copy_eps = total / copy_s
         for op in ("reduce", "scan"):
-            op_t: tcu.Op = "reduce" if op == "reduce" else "scan"
+            op_t: tcu.Operation = "reduce" if op == "reduce" else "scan"
             for segment in settings.segments:
                 if segment > total:
                     continue

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trims.daemon.catalog import AccessList, validate_id
-from trims.daemon.store import Caller, Progress, Reply, Store
+from trims.daemon.store import Caller, Progress, Store, StoreReply
 from trims.errors import PermissionDenied, ValidationError
 from trims.layout import validate_digest, validate_model_name, validate_version
 from trims.protocol import CLIENT_OPS, Op
@@ -88,7 +88,7 @@ async def dispatch(
     args: object,
     progress: Progress | None,
     admin_socket: str,
-) -> Reply:
+) -> StoreReply:
     """Run one request; raises TrimsError subclasses for the server to turn into replies."""
     if not isinstance(op_name, str) or op_name not in Op.__members__.values():
         raise ValidationError(
@@ -106,12 +106,12 @@ async def dispatch(
     return await handler(store, caller, args, progress)
 
 
-async def _hello(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _hello(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     _opt_str(a, "client", 256)
     return store.hello(c)
 
 
-async def _acquire(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _acquire(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     digest = a.get("digest")
     return await store.acquire(
         c,
@@ -130,42 +130,42 @@ def _device(a: Mapping[str, Any]) -> str | None:
     return _opt_str(a, "device", _MAX_DEVICE)
 
 
-async def _release(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _release(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     lease = _opt_str(a, "lease", 64)
     if lease is None:
         raise ValidationError("argument 'lease' is required")
     return store.release(c, lease)
 
 
-async def _info(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _info(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return store.info(c, _name(a), _version(a))
 
 
-async def _list(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _list(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return store.list(c)
 
 
-async def _stats(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _stats(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return store.stats(c)
 
 
-async def _load(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _load(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return await store.load(c, _name(a), _version(a), _required_tier(a, "cpu"), p)
 
 
-async def _evict(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _evict(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return await store.evict(c, _name(a), _version(a), _tier(a, None))
 
 
-async def _pin(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _pin(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return await store.pin(c, _name(a), _version(a), _required_tier(a, "cpu"))
 
 
-async def _unpin(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _unpin(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return store.unpin(c, _name(a), _version(a), _tier(a, None))
 
 
-async def _add(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _add(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     source = _opt_str(a, "source", _MAX_SOURCE)
     if source is None:
         raise ValidationError("argument 'source' is required (a local path or a URL)")
@@ -182,7 +182,7 @@ async def _add(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None
     )
 
 
-async def _remove(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> Reply:
+async def _remove(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
     return store.remove(c, _name(a), _version(a), _bool(a, "force"))
 
 
