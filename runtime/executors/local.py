@@ -41,7 +41,7 @@ from typing import Protocol
 
 from trims.errors import NotFound, Unavailable, ValidationError
 from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
-from trims.runtime.executors.zygote import Zygote
+from trims.runtime.executors.zygote import ZygoteHandle
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode, init_failure
@@ -213,7 +213,7 @@ class LocalExecutor:
         self._own_state_dir = settings.state_dir is None
         self._state_dir: Path | None = settings.state_dir
         #: One zygote per environment (None: the default interpreter), started on first use.
-        self._zygotes: dict[str | None, Zygote] = {}
+        self._zygotes: dict[str | None, ZygoteHandle] = {}
         self._zygote_lock = asyncio.Lock()
         self._zygote_failed: set[str | None] = set()
         self._instances: dict[str, LocalInstance] = {}
@@ -277,13 +277,13 @@ class LocalExecutor:
         (no-op without zygote); other environments' start on their first instance."""
         await self._zygote_or_none(None)
 
-    async def _get_zygote(self, environment: str | None) -> Zygote:
+    async def _get_zygote(self, environment: str | None) -> ZygoteHandle:
         async with self._zygote_lock:
             zygote = self._zygotes.get(environment)
             if zygote is None or not zygote.alive():
                 if zygote is not None:
                     await zygote.close()
-                zygote = await Zygote.start(
+                zygote = await ZygoteHandle.start(
                     python=self.settings.python_for(environment), preload=self.settings.preload,
                     env=self._base_env(),
                 )  # fmt: skip
@@ -294,7 +294,7 @@ class LocalExecutor:
                              ", ".join(zygote.preloaded) or "nothing")  # fmt: skip
             return zygote
 
-    async def _zygote_or_none(self, environment: str | None) -> Zygote | None:
+    async def _zygote_or_none(self, environment: str | None) -> ZygoteHandle | None:
         """The environment's zygote, or None in spawn mode or when it cannot start (instances
         then spawn: slower cold starts, but the function still runs)."""
         if not self.settings.zygote or environment in self._zygote_failed:

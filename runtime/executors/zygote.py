@@ -65,7 +65,9 @@ def _preload(modules: Sequence[str]) -> list[str]:
     return preimport([*modules, *(m for m in WORKER_MODULES if m not in modules)])
 
 
-class _Zygote:
+class _ZygoteServer:
+    """The zygote process's side: reads fork and signal requests, forks, reaps, reports."""
+
     def __init__(self, sock: socket.socket, parent_pid: int) -> None:
         self.sock = sock
         self.parent_pid = parent_pid
@@ -231,7 +233,7 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
     die_with_parent(args.parent_pid)
     preloaded = _preload([m for m in args.preload.split(",") if m])
     _worker_parser()
-    _Zygote(sock, args.parent_pid).serve(preloaded)
+    _ZygoteServer(sock, args.parent_pid).serve(preloaded)
     return 0
 
 
@@ -241,7 +243,7 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
 class ZygoteChild:
     """A worker forked by the zygote; ``wait`` returns a returncode (negative = signal)."""
 
-    def __init__(self, zygote: Zygote, pid: int) -> None:
+    def __init__(self, zygote: ZygoteHandle, pid: int) -> None:
         self.pid = pid
         self._zygote = zygote
         self.returncode: int | None = None
@@ -261,7 +263,9 @@ class ZygoteChild:
             self._zygote.signal(self.pid, sig)
 
 
-class Zygote:
+class ZygoteHandle:
+    """The executor's side: starts the zygote process and asks it to fork and signal workers."""
+
     def __init__(
         self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
@@ -281,7 +285,7 @@ class Zygote:
     @classmethod
     async def start(
         cls, *, python: str, preload: Sequence[str], env: Mapping[str, str], timeout: float = 120.0
-    ) -> Zygote:
+    ) -> ZygoteHandle:
         ours, theirs = socket.socketpair()
         t0 = time.perf_counter()
         try:
