@@ -33,9 +33,16 @@ ENV PATH=/opt/trims/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
     TRIMS_SOCKET=/run/trims/store.sock
 USER ${TRIMS_UID}:${TRIMS_UID}
 WORKDIR /home/trims
+# The frameworks this image serves (import names, comma-separated): each must import here, as
+# the function's user, or the build fails; the label below then says what the image can import
+# and the docker executor refuses at deploy a function whose models need anything else.
+ARG FRAMEWORKS=numpy
+RUN python3 -c 'import importlib, sys; [importlib.import_module(m) for m in sys.argv[1].split(",")]' \
+      "${FRAMEWORKS}"
 # Declared last: a new digest on every source change must not invalidate the layers above.
 ARG SOURCE_DIGEST=unknown
 LABEL org.trims.image="runtime" \
+      org.trims.frameworks="${FRAMEWORKS}" \
       org.trims.source-digest="${SOURCE_DIGEST}"
 # tini reaps children and forwards SIGTERM so the worker drains before the container stops.
 ENTRYPOINT ["/usr/bin/tini", "--", "trims"]

