@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -48,11 +49,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from trims.config import default_socket, format_size
-from trims.errors import NotFound, TrimsError, Unavailable, UpstreamError, ValidationError
+from trims.config import default_socket
+from trims.errors import (
+    ErrorMap,
+    NotFound,
+    TrimsError,
+    Unavailable,
+    ValidationError,
+    mapped_errors,
+)
 from trims.runtime.executors.base import (
     Instance,
     WorkerInstance,
+    call_in_thread,
     pop_managed,
     refuse_environment,
     terminate_all,
@@ -60,7 +69,7 @@ from trims.runtime.executors.base import (
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.access import User, check_code_as
-from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode
+from trims.runtime.worker.exits import describe_container_end
 
 log = logging.getLogger(__name__)
 
@@ -156,39 +165,46 @@ class DockerExecutorSettings:
             check_gateway_name(self.owner, "docker executor: owner")
 
 
-def _translate(action: str, error: Exception) -> TrimsError:
-    """A docker SDK error as the trims error that says what to do."""
+@functools.cache
+def _engine_errors() -> tuple[ErrorMap, ...]:
+    """The docker SDK's errors as the trims errors that say what to do."""
     import docker.errors
     import requests.exceptions
 
-    if isinstance(error, docker.errors.ImageNotFound):
-        return NotFound(
-            f"{action}: image not found ({error.explanation}); build it with "
-            "'bash dockerfiles/build-image.sh onnx|torch|mxnet|all' or name an existing image "
-            "in the spec"
-        )
-    if isinstance(error, docker.errors.NotFound):
-        return NotFound(f"{action}: {error.explanation}")
-    if isinstance(error, docker.errors.APIError):
-        if error.status_code is not None and 400 <= error.status_code < 500:
-            return ValidationError(f"{action}: Docker Engine refused it: {error.explanation}")
-        return Unavailable(f"{action}: Docker Engine error: {error.explanation}")
-    if isinstance(error, (docker.errors.DockerException, requests.exceptions.RequestException)):
-        return Unavailable(
-            f"{action}: cannot reach the Docker Engine ({error}); start dockerd or set DOCKER_HOST"
-        )
-    return UpstreamError(f"{action}: {error}")
+    def client_error(e: Any) -> bool:
+        return e.status_code is not None and 400 <= e.status_code < 500
+
+    return (
+        ErrorMap(
+            docker.errors.ImageNotFound,
+            NotFound,
+            "{action}: image not found ({detail}); build it with 'bash dockerfiles/"
+            "build-image.sh onnx|torch|mxnet|all' or name an existing image in the spec",
+        ),
+        ErrorMap(docker.errors.NotFound, NotFound),
+        ErrorMap(
+            docker.errors.APIError,
+            ValidationError,
+            "{action}: Docker Engine refused it: {detail}",
+            when=client_error,
+        ),
+        ErrorMap(docker.errors.APIError, Unavailable, "{action}: Docker Engine error: {detail}"),
+        ErrorMap(
+            (docker.errors.DockerException, requests.exceptions.RequestException),
+            Unavailable,
+            "{action}: cannot reach the Docker Engine ({detail}); start dockerd or set DOCKER_HOST",
+        ),
+    )
+
+
+def _explanation(error: Any) -> str:
+    """What the engine said (an APIError's explanation), else the error's text."""
+    return str(getattr(error, "explanation", None) or error)
 
 
 async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking docker SDK call in a thread, translating its errors."""
-    import docker.errors
-    import requests.exceptions
-
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        raise _translate(action, e) from e
+    return await call_in_thread(action, _engine_errors(), fn, *args, detail=_explanation, **kwargs)
 
 
 def required_modules(spec: FunctionSpec) -> frozenset[str]:
@@ -231,23 +247,16 @@ def _build_hint(needed: frozenset[str]) -> str:
 def describe_container_exit(
     state: Mapping[str, Any], *, memory_limit: int | None, logs: str
 ) -> str:
-    """A stopped container's ``State`` as a reason: 'out of memory ...', 'killed by SIGSEGV'."""
-    if state.get("OOMKilled"):
-        limit = f" (container limit {format_size(memory_limit)})" if memory_limit else ""
-        return f"out of memory{limit}: the kernel OOM-killed the container"
-    code = int(state.get("ExitCode", -1))
-    if state.get("Error"):
+    """A stopped container's ``State`` as a reason: 'out of memory ...', 'killed by SIGSEGV'
+    (tini, the image's PID 1, exits with 128 + N when the worker died of signal N)."""
+    if state.get("Error") and not state.get("OOMKilled"):
         return f"container failed: {state['Error']}"
-    detail = ""
-    if code == EXIT_INIT_FAILED:
-        for line in reversed(logs.splitlines()):
-            if line.startswith("init failed:"):
-                detail = line[len("init failed:") :].strip()
-                break
-    # tini (PID 1) exits with 128 + N when the worker died of signal N.
-    if code > 128:
-        return describe_returncode(-(code - 128), memory_bytes=memory_limit, detail=detail)
-    return describe_returncode(code, memory_bytes=memory_limit, detail=detail)
+    return describe_container_end(
+        int(state.get("ExitCode", -1)),
+        oom_killed=bool(state.get("OOMKilled")),
+        memory_limit=memory_limit,
+        init_text=logs,
+    )
 
 
 class DockerInstance(WorkerInstance):
@@ -271,7 +280,6 @@ class DockerInstance(WorkerInstance):
         self.memory_limit = memory_limit
         self.state: Mapping[str, Any] = {}
         loop = asyncio.get_running_loop()
-        self._ended: asyncio.Future[None] = loop.create_future()
         self._waiter = threading.Thread(
             target=self._wait_container,
             args=(loop,),
@@ -304,25 +312,12 @@ class DockerInstance(WorkerInstance):
             loop.call_soon_threadsafe(self._set_ended, reason)
 
     def _set_ended(self, reason: str) -> None:
-        if self.exit_reason is None:
-            self.exit_reason = reason
-        if not self._ended.done():
-            self._ended.set_result(None)
+        self._end(reason)
         if self.state.get("ExitCode", 0) != 0 or self.state.get("OOMKilled"):
             log.warning("instance %s of %s ended: %s", self.id, self.function, self.exit_reason)
 
     def address(self) -> str:
         return f"unix:{self.socket_path}"
-
-    def alive(self) -> bool:
-        return not self._ended.done()
-
-    async def wait_exit_reason(self, timeout: float) -> str | None:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._ended), timeout)
-        except TimeoutError:
-            return None
-        return self.exit_reason
 
     async def terminate(self, grace_s: float) -> None:
         """SIGTERM (the worker drains), SIGKILL after ``grace_s``, then remove the container."""
@@ -379,7 +374,8 @@ class DockerExecutor:
                 else:
                     self._client = docker.from_env()
             except docker.errors.DockerException as e:
-                raise _translate("docker executor", e) from e
+                with mapped_errors("docker executor", _engine_errors(), _explanation):
+                    raise e
         return self._client
 
     @property
@@ -663,7 +659,8 @@ def remove_orphans(
                 container.remove(force=True)
                 removed.append(container.name)
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        raise _translate("remove orphaned trims containers", e) from e
+        with mapped_errors("remove orphaned trims containers", _engine_errors(), _explanation):
+            raise e
     if removed:
         log.info("removed %d orphaned trims containers: %s", len(removed), ", ".join(removed))
     return removed

@@ -47,3 +47,27 @@ async def test_an_unreachable_api_server_is_unavailable() -> None:
 
     with pytest.raises(Unavailable, match="cannot reach the Kubernetes API server"):
         await _call("list pods", fail)
+
+
+docker_errors = pytest.importorskip("docker.errors")
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "says"),
+    [
+        (docker_errors.ImageNotFound("no such image", explanation="trims-runtime:x"), NotFound,
+         "image not found .trims-runtime:x.; build it with 'bash dockerfiles/build-image.sh"),
+        (docker_errors.NotFound("gone", explanation="No such container: c"), NotFound,
+         "No such container: c"),
+        (docker_errors.DockerException("Error while fetching server API version"), Unavailable,
+         "cannot reach the Docker Engine .* start dockerd or set DOCKER_HOST"),
+    ],
+)  # fmt: skip
+async def test_engine_errors(error: Exception, expected: type[Exception], says: str) -> None:
+    from trims.runtime.executors.docker import _call
+
+    def fail() -> None:
+        raise error
+
+    with pytest.raises(expected, match=says):
+        await _call("start container c", fail)
