@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from trims.errors import (
     ErrorMap,
@@ -270,6 +270,58 @@ class WorkerInstance(Instance):
 
 
 W = TypeVar("W", bound=WorkerInstance)
+
+
+class ExecutorBase(Generic[W]):
+    """The part of an executor that is the same everywhere: the table of the instances it
+    started, refusing work once closed, stopping one and closing all (in the shape of aiohttp's
+    ``BaseRunner``: the skeleton here, the specifics in hooks).
+
+    A subclass sets :attr:`name`, starts its instance in ``start`` between
+    :meth:`_check_start` and :meth:`_track`, and releases its own resources (a client, a zygote,
+    a state folder) in :meth:`_release`; :meth:`_stop_failed` may clean up after an instance
+    that could not be stopped.
+    """
+
+    name: str
+
+    def __init__(self) -> None:
+        self._instances: dict[str, W] = {}
+        self._closed = False
+
+    @property
+    def instances(self) -> Sequence[Instance]:
+        return tuple(self._instances.values())
+
+    def _check_start(self, instance_id: str) -> None:
+        """ValidationError when closed or ``instance_id`` is taken (before anything starts)."""
+        if self._closed:
+            raise ValidationError(f"{self.name} executor is closed; create a new one")
+        if instance_id in self._instances:
+            raise ValidationError(f"instance id {instance_id!r} is already in use")
+
+    def _track(self, instance: W) -> W:
+        self._instances[instance.id] = instance
+        return instance
+
+    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
+        """SIGTERM (the worker drains), SIGKILL after ``grace_s``, then clean up after it."""
+        await pop_managed(self._instances, instance, self.name).terminate(grace_s)
+
+    async def close(self) -> None:
+        """Stop every instance (5 s to drain), then release the executor's own resources."""
+        self._closed = True
+        instances, self._instances = list(self._instances.values()), {}
+        for instance, error in await terminate_all(instances, 5.0):
+            await self._stop_failed(instance, error)
+        await self._release()
+
+    async def _stop_failed(self, instance: W, error: BaseException) -> None:
+        log.warning("instance %s of %s could not be stopped: %s",
+                    instance.id, instance.function, error)  # fmt: skip
+
+    async def _release(self) -> None:
+        """Release what the executor holds besides its instances (nothing by default)."""
 
 
 def pop_managed(instances: dict[str, W], instance: Instance, executor: str) -> W:

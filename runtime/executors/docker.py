@@ -59,12 +59,11 @@ from trims.errors import (
     mapped_errors,
 )
 from trims.runtime.executors.base import (
+    ExecutorBase,
     Instance,
     WorkerInstance,
     call_in_thread,
-    pop_managed,
     refuse_environment,
-    terminate_all,
 )
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
@@ -335,7 +334,7 @@ async def _remove_container(container: Any) -> None:
         await _call(f"remove container {container.id[:12]}", container.remove, force=True)
 
 
-class DockerExecutor:
+class DockerExecutor(ExecutorBase[DockerInstance]):
     name = "docker"
 
     def __init__(self, settings: DockerExecutorSettings | None = None, **options: Any) -> None:
@@ -350,16 +349,11 @@ class DockerExecutor:
         self._client: Any = None
         self._own_state_dir = settings.state_dir is None
         self._state_dir = settings.state_dir
-        self._instances: dict[str, DockerInstance] = {}
-        self._closed = False
+        super().__init__()
         self._swept = False
         self._user = settings.user or _default_user()
         store = settings.store_socket or default_socket(dict(os.environ))
         self._store_socket: Path | None = store
-
-    @property
-    def instances(self) -> Sequence[Instance]:
-        return tuple(self._instances.values())
 
     @property
     def client(self) -> Any:
@@ -590,10 +584,7 @@ class DockerExecutor:
         }
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
-        if self._closed:
-            raise ValidationError("docker executor is closed; create a new one")
-        if instance_id in self._instances:
-            raise ValidationError(f"instance id {instance_id!r} is already in use")
+        self._check_start(instance_id)
         await self.prepare()
         client = self.client
         socket_dir = self._socket_dir(instance_id)
@@ -610,23 +601,20 @@ class DockerExecutor:
             await _remove_container(container)
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
-        instance = DockerInstance(instance_id, spec, container, socket_dir, kwargs["mem_limit"])
-        self._instances[instance_id] = instance
+        instance = self._track(
+            DockerInstance(instance_id, spec, container, socket_dir, kwargs["mem_limit"])
+        )
         log.debug("instance %s of %s started (container %s)", instance_id, spec.name,
                   instance.container_id[:12])  # fmt: skip
         return instance
 
-    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
-        await pop_managed(self._instances, instance, "docker").terminate(grace_s)
+    async def _stop_failed(self, instance: DockerInstance, error: BaseException) -> None:
+        log.warning("instance %s of %s: stopping its container failed (%s); removing it",
+                    instance.id, instance.function, error)  # fmt: skip
+        with contextlib.suppress(TrimsError):
+            await _remove_container(instance.container)
 
-    async def close(self) -> None:
-        self._closed = True
-        instances, self._instances = list(self._instances.values()), {}
-        for instance, error in await terminate_all(instances, 5.0):
-            log.warning("instance %s of %s: stopping its container failed (%s); removing it",
-                        instance.id, instance.function, error)  # fmt: skip
-            with contextlib.suppress(TrimsError):
-                await _remove_container(instance.container)
+    async def _release(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None

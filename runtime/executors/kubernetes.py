@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,12 +40,11 @@ from trims.errors import (
     error_for_status,
 )
 from trims.runtime.executors.base import (
+    ExecutorBase,
     Instance,
     WorkerInstance,
     call_in_thread,
-    pop_managed,
     refuse_environment,
-    terminate_all,
 )
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.kubernetes_objects import (
@@ -244,7 +243,7 @@ class KubernetesInstance(WorkerInstance):
         await self.close_connection()
 
 
-class KubernetesExecutor:
+class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
     name = "kubernetes"
 
     def __init__(
@@ -272,13 +271,8 @@ class KubernetesExecutor:
         self.id = uuid.uuid4().hex[:12]
         self._api_client = api_client
         self._core: Any = None
-        self._instances: dict[str, KubernetesInstance] = {}
-        self._closed = False
+        super().__init__()
         self.namespace = settings.namespace or _own_namespace()
-
-    @property
-    def instances(self) -> Sequence[Instance]:
-        return tuple(self._instances.values())
 
     @property
     def core_api(self) -> Any:
@@ -318,10 +312,7 @@ class KubernetesExecutor:
         )
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
-        if self._closed:
-            raise ValidationError("kubernetes executor is closed; create a new one")
-        if instance_id in self._instances:
-            raise ValidationError(f"instance id {instance_id!r} is already in use")
+        self._check_start(instance_id)
         body = self.manifest(spec, instance_id)
         name = body["metadata"]["name"]
         await _call(
@@ -330,21 +321,15 @@ class KubernetesExecutor:
             self.namespace,
             body,
         )
-        instance = KubernetesInstance(instance_id, spec, name, self)
-        self._instances[instance_id] = instance
+        instance = self._track(KubernetesInstance(instance_id, spec, name, self))
         log.debug("instance %s of %s: pod %s created", instance_id, spec.name, name)
         return instance
 
-    async def stop(self, instance: Instance, grace_s: float = 10.0) -> None:
-        await pop_managed(self._instances, instance, "kubernetes").terminate(grace_s)
+    async def _stop_failed(self, instance: KubernetesInstance, error: BaseException) -> None:
+        log.warning("pod %s of %s could not be deleted: %s",
+                    instance.pod_name, instance.function, error)  # fmt: skip
 
-    async def close(self) -> None:
-        self._closed = True
-        instances, self._instances = list(self._instances.values()), {}
-        for instance, error in await terminate_all(instances, 5.0):
-            log.warning(
-                "pod %s of %s could not be deleted: %s", instance.pod_name, instance.function, error
-            )
+    async def _release(self) -> None:
         if self._core is not None and self._api_client is None:
             self._core.api_client.close()
         self._core = None

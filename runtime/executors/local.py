@@ -33,14 +33,14 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
 from trims.errors import NotFound, Unavailable, ValidationError
-from trims.runtime.executors.base import Instance, WorkerInstance, terminate_all
+from trims.runtime.executors.base import ExecutorBase, Instance, WorkerInstance
 from trims.runtime.executors.zygote import ZygoteHandle
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
@@ -192,7 +192,7 @@ class LocalInstance(WorkerInstance):
                 self.log_path.unlink()
 
 
-class LocalExecutor:
+class LocalExecutor(ExecutorBase[LocalInstance]):
     name = "local"
 
     def __init__(self, settings: LocalExecutorSettings | None = None, **options: object) -> None:
@@ -216,8 +216,7 @@ class LocalExecutor:
         self._zygotes: dict[str | None, ZygoteHandle] = {}
         self._zygote_lock = asyncio.Lock()
         self._zygote_failed: set[str | None] = set()
-        self._instances: dict[str, LocalInstance] = {}
-        self._closed = False
+        super().__init__()
 
     def _warn_unreadable_runtime(self, user: User) -> None:
         try:
@@ -258,10 +257,6 @@ class LocalExecutor:
         zygote=False)."""
         zygote = self._zygotes.get(None)
         return zygote.process.pid if zygote is not None else None
-
-    @property
-    def instances(self) -> Sequence[Instance]:
-        return tuple(self._instances.values())
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -320,16 +315,13 @@ class LocalExecutor:
         return argv
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
-        if self._closed:
-            raise ValidationError("local executor is closed; create a new one")
+        self._check_start(instance_id)
         if spec.handler is None:
             raise ValidationError(
                 f"function {spec.name} names only an image; the local executor runs Python "
                 "handlers: give it a handler or deploy it with the docker or kubernetes executor",
                 field="handler",
             )
-        if instance_id in self._instances:
-            raise ValidationError(f"instance id {instance_id!r} is already in use")
         state = self.state_dir
         socket_path = state / f"{instance_id}.sock"
         log_path = state / f"{instance_id}.log"
@@ -358,8 +350,7 @@ class LocalExecutor:
                     start_new_session=True,
                 )  # fmt: skip
             process = _SpawnedProcess(spawned)
-        instance = LocalInstance(instance_id, spec, process, socket_path, log_path)
-        self._instances[instance_id] = instance
+        instance = self._track(LocalInstance(instance_id, spec, process, socket_path, log_path))
         log.debug("instance %s of %s started (pid %d)", instance_id, spec.name, process.pid)
         return instance
 
@@ -372,12 +363,7 @@ class LocalExecutor:
             local = instance
         await local.terminate(grace_s)
 
-    async def close(self) -> None:
-        self._closed = True
-        instances, self._instances = list(self._instances.values()), {}
-        for instance, error in await terminate_all(instances, 5.0):
-            log.warning("instance %s of %s could not be stopped: %s",
-                        instance.id, instance.function, error)  # fmt: skip
+    async def _release(self) -> None:
         zygotes, self._zygotes = list(self._zygotes.values()), {}
         for zygote in zygotes:
             await zygote.close()
