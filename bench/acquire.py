@@ -37,8 +37,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trims.tables import markdown_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime_common import pss_bytes, start_daemon, summary
 
 METHODS = ("trims", "trims_touch", "torch_load", "torch_load_mmap", "safetensors")
 LAYER_ROWS = 1024  # a layer: a 1024 x 1024 float32 weight (4 MiB) and a 1024 bias
@@ -120,45 +124,6 @@ def worker(method: str, path: str, socket_path: str, name: str, hold: bool) -> N
 # ---- driver side ----------------------------------------------------------------------------
 
 
-def _pss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no Pss in /proc/{pid}/smaps_rollup")
-
-
-class Daemon:
-    """A `trims daemon` on a temp socket, stopped (SIGTERM) on exit."""
-
-    def __init__(self, root: Path) -> None:
-        self.socket = root / "run" / "store.sock"
-        self.log = root / "daemon.log"
-        cmd = [
-            sys.executable, "-m", "trims", "daemon",
-            "--store-dir", str(root / "store"), "--socket", str(self.socket),
-            "--cpu-budget", "20GiB", "--disk-budget", "100GiB",
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + 60
-        while "trims daemon ready" not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"trims daemon did not start:\n{self.log.read_text()}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def make_model(size_mb: int, folder: Path) -> tuple[Path, Path]:
     """A ``size_mb`` MiB model as safetensors and torch files; returns both paths."""
     import torch
@@ -208,14 +173,14 @@ def run_worker(method: str, path: Path, socket: Path, name: str) -> dict[str, An
     return result
 
 
-def measure_times(settings: BenchSettings, daemon: Daemon, folder: Path) -> list[dict[str, Any]]:
+def measure_times(settings: BenchSettings, socket: Path, folder: Path) -> list[dict[str, Any]]:
     from trims.runtime.client import StoreClient
 
     results: list[dict[str, Any]] = []
     for size in settings.sizes_mb:
         st, pt = make_model(size, folder)
         name = f"bench{size}"
-        with StoreClient(daemon.socket, timeout=3600) as c:
+        with StoreClient(socket, timeout=3600) as c:
             c.add(name, st)
             c.load(name, tier="cpu")
         paths = {"torch_load": pt, "torch_load_mmap": pt, "safetensors": st}
@@ -228,23 +193,15 @@ def measure_times(settings: BenchSettings, daemon: Daemon, folder: Path) -> list
                         drop_from_page_cache(path)
                     else:
                         warm_page_cache(path)
-                    times[method].append(run_worker(method, path, daemon.socket, name)["seconds"])
-            base = statistics.median(times["trims"])
+                    times[method].append(run_worker(method, path, socket, name)["seconds"])
+            base = summary(times["trims"])["median_s"]
             for method in METHODS:
-                med = statistics.median(times[method])
-                results.append(
-                    {
-                        "size_mb": size,
-                        "method": method,
-                        "cache": cache,
-                        "median_s": med,
-                        "min_s": min(times[method]),
-                        "max_s": max(times[method]),
-                        "ratio_vs_trims": med / base,
-                    }
-                )
-                print(f"{size:>6} MiB {cache:<4} {method:<16} median {med:.4f} s", file=sys.stderr)
-        with StoreClient(daemon.socket) as c:
+                s = summary(times[method])
+                results.append({"size_mb": size, "method": method, "cache": cache, **s,
+                                "ratio_vs_trims": s["median_s"] / base})  # fmt: skip
+                print(f"{size:>6} MiB {cache:<4} {method:<16} median {s['median_s']:.4f} s",
+                      file=sys.stderr)  # fmt: skip
+        with StoreClient(socket) as c:
             c.remove(name)
         st.unlink()
         pt.unlink()
@@ -276,7 +233,7 @@ def _total_pss_mib(args: list[str], count: int) -> float:
             if not p.stdout.readline():
                 raise RuntimeError(f"{' '.join(args)}: process {p.pid} exited before it was ready")
         # Read only when every process is ready: shared pages are then split by all.
-        return sum(_pss_kib(p.pid) for p in procs) / 1024
+        return sum(pss_bytes(p.pid) for p in procs) / 2**20
     finally:
         for p in procs:
             assert p.stdin is not None
@@ -287,12 +244,12 @@ def _total_pss_mib(args: list[str], count: int) -> float:
             p.wait(60)
 
 
-def measure_memory(settings: BenchSettings, daemon: Daemon, folder: Path) -> dict[str, Any]:
+def measure_memory(settings: BenchSettings, socket: Path, folder: Path) -> dict[str, Any]:
     from trims.runtime.client import StoreClient
 
     st, pt = make_model(settings.memory_mb, folder)
     name = "memory"
-    with StoreClient(daemon.socket, timeout=3600) as c:
+    with StoreClient(socket, timeout=3600) as c:
         c.add(name, st)
         c.load(name, tier="cpu")
     idle = _idle_pss_mib(settings.instances)
@@ -303,7 +260,7 @@ def measure_memory(settings: BenchSettings, daemon: Daemon, folder: Path) -> dic
         ("baseline", "torch_load", pt),
         ("safetensors", "safetensors", st),
     ):
-        total = hold_instances(method, settings.instances, path, daemon.socket, name)
+        total = hold_instances(method, settings.instances, path, socket, name)
         totals[label] = total
         pss[label] = total - idle
     return {
@@ -339,36 +296,34 @@ def markdown(report: dict[str, Any]) -> str:
         for r in report["results"]
         if r["method"] == "trims_touch"
     }
-    lines = [
-        "| size (MiB) | page cache | method | median (s) | min (s) | max (s) | x trims "
-        "| x trims_touch |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in report["results"]:
-        like = r["median_s"] / touch[(r["size_mb"], r["cache"])]
-        lines.append(
-            f"| {r['size_mb']} | {r['cache']} | {r['method']} | {r['median_s']:.4f} | "
-            f"{r['min_s']:.4f} | {r['max_s']:.4f} | {r['ratio_vs_trims']:.1f} | {like:.1f} |"
-        )
+    header = ["size (MiB)", "page cache", "method", "median (s)", "min (s)", "max (s)",
+              "x trims", "x trims_touch"]  # fmt: skip
+    rows = [
+        [r["size_mb"], r["cache"], r["method"], f"{r['median_s']:.4f}", f"{r['min_s']:.4f}",
+         f"{r['max_s']:.4f}", f"{r['ratio_vs_trims']:.1f}",
+         f"{r['median_s'] / touch[(r['size_mb'], r['cache'])]:.1f}"]
+        for r in report["results"]
+    ]  # fmt: skip
+    lines = [markdown_table(header, rows, align="rllrrrrr")]
     mem = report.get("memory")
     if mem:
+        labels = {
+            "trims": "trims (one shared copy)",
+            "baseline": "torch_load (own copy each)",
+            "safetensors": "safetensors (page-cache mappings)",
+        }
+        pss = [
+            [label, f"{mem['pss_mb'][k]:.0f}", f"{mem['pss_mb'][k] / mem['model_mb']:.2f}"]
+            for k, label in labels.items()
+        ]
         lines += [
             "",
             f"Memory: {mem['instances']} processes holding one {mem['model_mb']} MiB model at "
             f"once (sum of their PSS minus {mem['instances']} idle processes, "
             f"{mem['idle_pss_mb']:.0f} MiB):",
             "",
-            "| | model PSS, all processes (MiB) | x one model |",
-            "|---|---:|---:|",
+            markdown_table(["", "model PSS, all processes (MiB)", "x one model"], pss, align="lrr"),
         ]
-        labels = {
-            "trims": "trims (one shared copy)",
-            "baseline": "torch_load (own copy each)",
-            "safetensors": "safetensors (page-cache mappings)",
-        }
-        for key, label in labels.items():
-            v = mem["pss_mb"][key]
-            lines.append(f"| {label} | {v:.0f} | {v / mem['model_mb']:.2f} |")
     m = report["machine"]
     lines += ["", f"Measured on {m['cpus']} CPUs, {m['platform']}, Python {m['python']}."]
     return "\n".join(lines) + "\n"
@@ -419,10 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="trims-bench-", dir=settings.workdir))
     daemon = None
     try:
-        daemon = Daemon(root)
+        daemon, socket = start_daemon(root, cpu_budget="20GiB", disk_budget="100GiB")
         report: dict[str, Any] = {
-            "results": measure_times(settings, daemon, root),
-            "memory": measure_memory(settings, daemon, root) if settings.instances else None,
+            "results": measure_times(settings, socket, root),
+            "memory": measure_memory(settings, socket, root) if settings.instances else None,
             "machine": {
                 "cpus": os.cpu_count(),
                 "platform": platform.platform(),

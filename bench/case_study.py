@@ -47,9 +47,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trims.tables import markdown_table
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import REPO, machine, markdown_table, start_gateway, write_report
+from runtime_common import REPO, machine, start_gateway, write_report
 
 ONNX_HANDLER = REPO / "examples" / "onnx_zoo"
 #: The full study: real weights first (accuracy), then the performance-only models.

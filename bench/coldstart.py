@@ -29,12 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trims.tables import markdown_table
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_common import (
     local_gateway,
     machine,
-    markdown_table,
     pid_alive,
     start_daemon,
     summary,

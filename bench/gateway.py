@@ -24,14 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trims.tables import markdown_table
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_common import (
     REPO,
-    Process,
     cpu_seconds,
     machine,
-    markdown_table,
+    start,
     start_gateway,
     tree_pids,
     write_json,
@@ -162,7 +163,7 @@ def main() -> int:
         root = Path(tmp)
         root.chmod(0o755)  # a root gateway runs function code as nobody: code dirs live here
         where = machine()
-        bare = Process([sys.executable, __file__, "--serve-bare"], root / "bare.log", r"port=(\d+)")
+        bare = start([sys.executable, __file__, "--serve-bare"], root / "bare.log", r"port=(\d+)")
         gateway, url = start_gateway(
             root, "--preload", "numpy", "--store-socket", str(root / "none")
         )

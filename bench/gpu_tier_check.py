@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import Process
+from runtime_common import start_daemon
 
 MODEL = "gpucheck"
 CU_MEM_LOCATION_TYPE_DEVICE = 1
@@ -315,27 +315,7 @@ def gpu_daemon(args: argparse.Namespace) -> Iterator[tuple[Any, Path]]:
     from trims.runtime.client import StoreClient
 
     root = Path(tempfile.mkdtemp(prefix="daemon-", dir=args.work))
-    sock = root / "run" / "store.sock"
-    sock.parent.mkdir(parents=True)
-    proc = Process(
-        [
-            sys.executable,
-            "-m",
-            "trims",
-            "daemon",
-            "--store-dir",
-            str(root / "store"),
-            "--socket",
-            str(sock),
-            "--cpu-budget",
-            "8GiB",
-            "--gpu-budget",
-            "8GiB",
-        ],
-        root / "daemon.log",
-        r"trims daemon ready",
-        timeout_s=60,
-    )
+    proc, sock = start_daemon(root, cpu_budget="8GiB", gpu_budget="8GiB", timeout_s=60)
     try:
         path = root / "model.safetensors"
         write_safetensors(path, model_tensors(args.model_mb))
@@ -403,23 +383,30 @@ def daemon_export(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def _spawn(cmd: list[str]) -> subprocess.Popen[str]:
+    """A child of this check with pipes for its stdin, stdout and stderr."""
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _first_line(proc: subprocess.Popen[str], what: str) -> str:
+    """``proc``'s first stdout line; CheckFailed with its last stderr line when it ends first
+    (its whole stderr goes on to ours, the kit's log)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        err = proc.stderr.read() if proc.stderr else ""
+        sys.stderr.write(err)
+        last = (err.strip().splitlines() or ["(no output)"])[-1]
+        raise CheckFailed(f"{what} failed: {last}")
+    return line
+
+
 def legacy_ipc(args: argparse.Namespace) -> dict[str, Any]:
     """Export with VMM off in one process, import with the runtime adapter in another."""
-    exporter = subprocess.Popen(
-        _me("export-ipc", args),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    exporter = _spawn(_me("export-ipc", args))
     try:
-        assert exporter.stdout is not None and exporter.stdin is not None
-        line = exporter.stdout.readline()
-        if not line:
-            err = exporter.stderr.read() if exporter.stderr else ""
-            sys.stderr.write(err)
-            last = (err.strip().splitlines() or ["(no output)"])[-1]
-            raise CheckFailed(f"the exporter process failed: {last}")
+        line = _first_line(exporter, "the exporter process")
         result = _child(_me("read-ipc", args), stdin=line)
         if result["kind"] != "cuda_ipc":
             raise CheckFailed(f"the legacy path imported a {result['kind']} handle")
@@ -500,25 +487,8 @@ def check_share(args: argparse.Namespace) -> dict[str, Any]:
         loaded = gpu_memory_mib()
         try:
             for _ in range(args.processes):
-                holders.append(
-                    subprocess.Popen(
-                        _me("read", args, "--socket", str(sock), "--hold"),
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                    )
-                )
-            results = []
-            for h in holders:
-                assert h.stdout is not None
-                line = h.stdout.readline()
-                if not line:
-                    err = h.stderr.read() if h.stderr else ""
-                    sys.stderr.write(err)
-                    last = (err.strip().splitlines() or ["(no output)"])[-1]
-                    raise CheckFailed(f"a holder process failed: {last}")
-                results.append(json.loads(line))
+                holders.append(_spawn(_me("read", args, "--socket", str(sock), "--hold")))
+            results = [json.loads(_first_line(h, "a holder process")) for h in holders]
             holding = gpu_memory_mib()
         finally:
             for h in holders:

@@ -5,75 +5,55 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import signal
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from trims import daemon_process
+from trims.daemon_process import Started, launch, without_trims_env
+from trims.timing import summarize
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-class Process:
-    """A child process whose log is scanned for a ready line; stopped with SIGTERM."""
-
-    def __init__(self, cmd: Sequence[str], log: Path, ready: str, timeout_s: float = 120.0) -> None:
-        self.log = log
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
-        with open(log, "ab") as f:
-            self.proc = subprocess.Popen(
-                list(cmd), stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=env
-            )
-        deadline = time.monotonic() + timeout_s
-        pattern = re.compile(ready)
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            m = pattern.search(text)
-            if m:
-                self.match = m
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{cmd[:4]} exited with {self.proc.returncode}:\n{text[-3000:]}")
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{cmd[:4]} did not get ready in {timeout_s}s; see {log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+#: seconds a child gets to exit after SIGTERM before SIGKILL
+STOP_GRACE_S = 60.0
 
 
-def start_daemon(root: Path, cpu_budget: str = "8GiB") -> tuple[Process, Path]:
+def start(cmd: Sequence[str], log: Path, ready: str, timeout_s: float = 120.0) -> Started:
+    """A child whose log (appended) matched ``ready``; configured by its command line only
+    (no ``TRIMS_*`` variables)."""
+    return launch(cmd, log, ready, timeout_s=timeout_s, env=without_trims_env(),
+                  stop_grace_s=STOP_GRACE_S)  # fmt: skip
+
+
+def start_daemon(
+    root: Path, cpu_budget: str = "8GiB", timeout_s: float = 120.0, **options: str
+) -> tuple[Started, Path]:
+    """A daemon storing under ``root``, logging to ``root/daemon.log``; ``options`` become
+    flags (``gpu_budget="8GiB"`` -> ``--gpu-budget 8GiB``)."""
     socket_path = root / "run" / "store.sock"
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "trims", "daemon", "--store-dir", str(root / "store"),
-        "--socket", str(socket_path), "--cpu-budget", cpu_budget,
-    ]  # fmt: skip
-    return Process(cmd, root / "daemon.log", r"trims daemon ready"), socket_path
+    daemon = daemon_process.start_daemon(
+        socket_path, store_dir=root / "store", log=root / "daemon.log",
+        options={"cpu_budget": cpu_budget, **options}, timeout_s=timeout_s,
+        env=without_trims_env(), stop_grace_s=STOP_GRACE_S,
+    )  # fmt: skip
+    return daemon, socket_path
 
 
-def start_gateway(root: Path, *args: str) -> tuple[Process, str]:
+def start_gateway(root: Path, *args: str) -> tuple[Started, str]:
     cmd = [sys.executable, "-m", "trims", "gateway", "--port", "0", "--no-auth", *args]
-    proc = Process(cmd, root / "gateway.log", r"trims gateway ready url=(\S+)")
+    proc = start(cmd, root / "gateway.log", r"trims gateway ready url=(\S+)")
     return proc, proc.match.group(1)
 
 
 def summary(samples: Sequence[float]) -> dict[str, float]:
-    return {
-        "median_s": statistics.median(samples),
-        "min_s": min(samples),
-        "max_s": max(samples),
-    }
+    """Median, min and max seconds (:func:`trims.timing.summarize`)."""
+    s = summarize(samples)
+    return {"median_s": s.median_s, "min_s": s.min_s, "max_s": s.max_s}
 
 
 def write_json(path: Path | None, doc: dict[str, Any]) -> None:
@@ -95,13 +75,6 @@ def write_report(path: Path | None, doc: dict[str, Any], text: str) -> None:
 
         write_atomic(path.with_suffix(".md"), text)
     print(text)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(str(c) for c in row) + " |")
-    return "\n".join(lines)
 
 
 def machine() -> str:
@@ -172,52 +145,30 @@ def write_model(path: Path, megabytes: int, seed: float = 0.0, tensor_mb: int = 
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
 def pss_bytes(pid: int) -> int:
     """Proportional set size of a process (shared pages divided among their mappers)."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _stat_fields(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
+    return int(psutil.Process(pid).memory_full_info().pss)
 
 
 def tree_pids(root: int) -> list[int]:
     """``root`` and all its live descendants."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
-            except (OSError, IndexError):
-                continue
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(parents.get(pid, []))
-    return out
+    return [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
 
 
 def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
-    """User + system CPU seconds used so far by each process."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds used so far by each process still there."""
     out = {}
     for pid in pids:
         try:
-            fields = _stat_fields(pid)
-        except OSError:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
             continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / tick
+        out[pid] = times.user + times.system
     return out

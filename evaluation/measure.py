@@ -1,5 +1,8 @@
 """Timing: warm up, repeat until the estimate is stable or a time budget is spent, summarize.
 
+The runs, the clocks and the median's confidence interval are :mod:`trims.timing`'s; this
+module adds the stopping rules and the trimmed mean the evaluation's benchmarks report.
+
 The summary is the 20% trimmed mean (drop the fastest and slowest 20%, average the rest), which
 ignores both lucky cache-warm outliers and scheduler hiccups on a shared machine. "Stable" means
 the 95% confidence half-width of the median (1.57 * IQR / sqrt(n), the notch rule) is below
@@ -11,7 +14,7 @@ Clock. On a shared machine a run is often preempted, and a 20 ms model run is pr
 more often than a 0.2 ms layer run, which biases every whole-vs-parts comparison. With one
 intra-op thread the frameworks compute on the calling thread, so the default clock is that
 thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``): it counts the work done, not the time spent
-waiting for a core. Use ``clock="wall"`` for multi-threaded variants.
+waiting for a core. Use ``clock="wall"`` for multi-threaded variants (see :mod:`trims.timing`).
 
 A second stopping rule, :class:`Precision`, asks for an absolute or relative bound on the
 standard error of the estimate (see :func:`std_error`); the bricks study uses it to give each
@@ -23,11 +26,13 @@ runs, wait until its model's other bricks have theirs, then continue to the prec
 from __future__ import annotations
 
 import math
-import time
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from trims import timing
 
 
 @dataclass(frozen=True)
@@ -48,16 +53,12 @@ class MeasureSettings:
     abs_tol_ms: float = 0.02
     #: fraction dropped at each end for the trimmed mean
     trim: float = 0.2
-    #: "thread" (CPU time of the calling thread) or "wall" (perf_counter)
+    #: "thread" (CPU time of the calling thread) or "wall" (perf_counter); see trims.timing
     clock: str = "thread"
 
     def timer(self) -> Callable[[], float]:
         """The clock function per :attr:`clock`."""
-        if self.clock == "thread":
-            return time.thread_time
-        if self.clock == "wall":
-            return time.perf_counter
-        raise ValueError(f"unknown clock {self.clock!r}; use 'thread' or 'wall'")
+        return timing.clock(self.clock)
 
 
 @dataclass(frozen=True)
@@ -119,21 +120,19 @@ def trimmed_mean(samples: list[float] | np.ndarray, trim: float = 0.2) -> float:
 
 def stable(samples: list[float], rel_tol: float, abs_tol_s: float) -> bool:
     """The notch rule: the median's 95% confidence half-width is within tolerance."""
-    q1, median, q3 = np.percentile(samples, [25, 50, 75])
-    half_width = 1.57 * (q3 - q1) / math.sqrt(len(samples))
-    return bool(half_width <= max(rel_tol * median, abs_tol_s))
+    half_width = timing.median_ci_half_width(samples)
+    return half_width <= max(rel_tol * statistics.median(samples), abs_tol_s)
 
 
 def summarize(samples_s: list[float], elapsed_s: float, trim: float = 0.2) -> Measurement:
     """Turn per-run seconds into a :class:`Measurement`."""
-    ms = np.asarray(samples_s, dtype=np.float64) * 1e3
-    q1, median, q3 = np.percentile(ms, [25, 50, 75])
+    s = timing.summarize(samples_s)
     return Measurement(
-        trimmed_mean_ms=trimmed_mean(ms, trim),
-        median_ms=float(median),
-        spread_ms=float(q3 - q1),
-        min_ms=float(ms.min()),
-        reps=int(ms.size),
+        trimmed_mean_ms=trimmed_mean(samples_s, trim) * 1e3,
+        median_ms=s.median_s * 1e3,
+        spread_ms=s.iqr_s * 1e3,
+        min_ms=s.min_s * 1e3,
+        reps=s.runs,
         elapsed_s=elapsed_s,
     )
 
@@ -162,29 +161,23 @@ class Sampler:
     """
 
     def __init__(self, fn: Callable[[], object], settings: MeasureSettings, setup_s: float = 0.0):
-        self.fn = fn
         self.settings = settings
-        self.samples: list[float] = []
-        self._clock = settings.timer()
-        start = self._clock()
-        for _ in range(settings.warmup):
-            fn()
-        self._runs_s = self._clock() - start
+        self._runs = timing.Runs(fn, clock_name=settings.clock, warmup=settings.warmup)
         self.setup_s = setup_s
 
     @property
+    def samples(self) -> list[float]:
+        return self._runs.samples
+
+    @property
     def elapsed_s(self) -> float:
-        return self.setup_s + self._runs_s
+        return self.setup_s + self._runs.spent_s
 
     def run(self, enough: Stop) -> Measurement:
         """Time more runs until :func:`stop_after` says stop; summarize all runs so far."""
-        clock = self._clock
-        while not stop_after(self.samples, self._runs_s, self.settings, enough):
-            t0 = clock()
-            self.fn()
-            t1 = clock()
-            self.samples.append(t1 - t0)
-            self._runs_s += t1 - t0
+        self._runs.run_until(
+            lambda samples, spent: stop_after(samples, spent, self.settings, enough)
+        )
         return self.measurement()
 
     def measurement(self) -> Measurement:

@@ -22,6 +22,7 @@ from typing import Any
 from trims.config import write_atomic
 from trims.errors import ValidationError
 from trims.kernels import studies
+from trims.tables import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 def markdown(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A markdown table of ``columns`` from ``rows`` (floats to 4 significant digits)."""
-
-    def fmt(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(columns, [[r.get(c) for c in columns] for r in rows])
 
 
 def _tcu(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,10 +1,15 @@
-"""Timing helpers shared by the studies: medians of repeated runs, with a time budget."""
+"""Timing helpers shared by the studies: medians of repeated runs, with a time budget.
+
+The runs and the clock are :mod:`trims.timing`'s: the wall clock, since a study's kernels run
+on thread pools or a GPU stream and the figure is the time a caller waits.
+"""
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
+
+from trims import timing
 
 
 def median_seconds(
@@ -20,21 +25,8 @@ def median_seconds(
     Stops early once ``budget_s`` seconds have been spent, so large sizes stay affordable.
     ``sync`` (for example a CUDA stream synchronize) runs before each clock read.
     """
-    for _ in range(warmup):
-        fn()
-    if sync:
-        sync()
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < max(1, repeat) and (not times or spent < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        spent += dt
-    return statistics.median(times)
+    samples = timing.time_runs(fn, repeat=repeat, warmup=warmup, budget_s=budget_s, sync=sync)
+    return timing.summarize(samples).median_s
 
 
 def geomean(values: list[float]) -> float:

@@ -188,15 +188,17 @@ def print_json(value: Any) -> None:
 
 
 def _print_table(functions: list[dict[str, Any]]) -> None:
-    print(f"{'NAME':<24} {'READY':>5} {'STARTING':>8} {'QUEUED':>6} {'INFLIGHT':>8}  HANDLER")
+    from trims.tables import text_table
+
+    rows = []
     for f in functions:
         spec, status = f["spec"], f["status"]
         states = [i["state"] for i in status["instances"]]
-        print(
-            f"{spec['name']:<24} {states.count('ready'):>5} {states.count('starting'):>8} "
-            f"{status['queued']:>6} {status['inflight']:>8}  "
-            f"{spec.get('handler') or spec.get('image', '')}"
-        )
+        handler = spec.get("handler") or spec.get("image", "")
+        rows.append([spec["name"], states.count("ready"), states.count("starting"),
+                     status["queued"], status["inflight"], handler])  # fmt: skip
+    header = ["NAME", "READY", "STARTING", "QUEUED", "INFLIGHT", "HANDLER"]
+    print(text_table(header, rows, align="lrrrr"))
 
 
 def _print_function(doc: dict[str, Any]) -> None:

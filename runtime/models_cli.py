@@ -21,6 +21,7 @@ from typing import Any
 
 from trims.config import admin_socket_for, default_socket, format_size
 from trims.runtime.progress import ProgressBars
+from trims.tables import text_table
 
 TIERS = ("cpu", "gpu", "disk")
 
@@ -148,14 +149,6 @@ def _access_text(access: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
 def _models_table(models: list[dict[str, Any]]) -> str:
     if not models:
         return "no models in the store; add one with `trims models add NAME SOURCE`"
@@ -172,8 +165,8 @@ def _models_table(models: list[dict[str, Any]]) -> str:
         ]
         for m in models
     ]
-    return _table(
-        rows, ["NAME", "VERSION", "FORMAT", "SIZE", "TIERS", "PINNED", "LEASES", "DIGEST"]
+    return text_table(
+        ["NAME", "VERSION", "FORMAT", "SIZE", "TIERS", "PINNED", "LEASES", "DIGEST"], rows
     )
 
 
@@ -198,7 +191,7 @@ def _info_text(model: dict[str, Any]) -> str:
     if tensors:
         lines.append(f"tensors:     {len(tensors)}")
         rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()"] for t in tensors]
-        table = _table(rows, ["TENSOR", "DTYPE", "SHAPE"])
+        table = text_table(["TENSOR", "DTYPE", "SHAPE"], rows)
         lines.extend("  " + line for line in table.splitlines())
     return "\n".join(lines)
 
@@ -216,7 +209,7 @@ def _stats_text(stats: dict[str, Any]) -> str:
         for tier, t in stats.get("tiers", {}).items()
         if t.get("available", True)
     ]
-    table = _table(rows, ["TIER", "USED", "BUDGET", "MODELS", "LOADS", "EVICTIONS"])
+    table = text_table(["TIER", "USED", "BUDGET", "MODELS", "LOADS", "EVICTIONS"], rows)
     return f"{table}\nleases: {stats.get('leases', 0)}  clients: {stats.get('clients', 0)}"
 
 

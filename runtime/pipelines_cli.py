@@ -87,10 +87,13 @@ def _print_table(pipelines: list[dict[str, Any]]) -> None:
     if not pipelines:
         print("no pipelines; deploy one with `trims pipelines deploy FILE`")
         return
-    print(f"{'NAME':<24} {'STEPS':>5}  FUNCTIONS")
-    for p in pipelines:
-        functions = ", ".join(dict.fromkeys(s["function"] for s in p["steps"]))
-        print(f"{p['name']:<24} {len(p['steps']):>5}  {functions}")
+    from trims.tables import text_table
+
+    rows = [
+        [p["name"], len(p["steps"]), ", ".join(dict.fromkeys(s["function"] for s in p["steps"]))]
+        for p in pipelines
+    ]
+    print(text_table(["NAME", "STEPS", "FUNCTIONS"], rows, align="lr"))
 
 
 def _print_pipeline(doc: dict[str, Any]) -> None:

@@ -14,18 +14,15 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from trims.errors import Unavailable
+from trims import daemon_process
 
 log = logging.getLogger(__name__)
 
-DAEMON_READY = "trims daemon ready"
 #: The database the example evaluate and trace functions record into (their config.db; under
 #: /tmp because their workers run as nobody when trims up runs as root), and so the one the web
 #: UI of ``trims up --examples`` reads unless --results-db says otherwise.
@@ -65,40 +62,16 @@ def start_daemon(
     if _socket_alive(store_socket):
         print(f"using the store daemon already running on {store_socket}", file=sys.stderr)
         return None
-    store_socket.parent.mkdir(parents=True, exist_ok=True)
-    log_path = store_socket.with_name("daemon.log")
-    cmd = [sys.executable, "-m", "trims", "daemon", "--socket", str(store_socket)]
-    if store_dir is not None:
-        cmd += ["--store-dir", str(store_dir)]
-    if metrics_address:
-        cmd += ["--metrics-address", metrics_address]
-    offset = log_path.stat().st_size if log_path.exists() else 0
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
-    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        text = log_path.read_bytes()[offset:].decode(errors="replace")
-        if any(line.startswith(DAEMON_READY) for line in text.splitlines()):
-            print(f"store daemon started (pid {proc.pid}, log {log_path})", file=sys.stderr)
-            return proc
-        if proc.poll() is not None:
-            raise Unavailable(
-                f"the store daemon exited with {proc.returncode}; see {log_path}:\n{text[-2000:]}"
-            )
-        time.sleep(0.05)
-    stop_daemon(proc)
-    raise Unavailable(f"the store daemon did not get ready in {DAEMON_START_TIMEOUT_S:.0f}s")
+    options = {"metrics_address": metrics_address} if metrics_address else {}
+    started = daemon_process.start_daemon(
+        store_socket, store_dir=store_dir, options=options, timeout_s=DAEMON_START_TIMEOUT_S
+    )
+    print(f"store daemon started (pid {started.pid}, log {started.log})", file=sys.stderr)
+    return started.proc
 
 
 def stop_daemon(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    daemon_process.stop(proc, grace_s=15)
 
 
 def example_specs(folder: Path) -> list[Path]:
@@ -206,7 +179,15 @@ async def announce(url: str, token: str | None, specs: list[Path], store_socket:
         f"  API document   {url}/openapi.json",
         f"  metrics        {url}/metrics",
         f"  store socket   {store_socket}",
+        f"  web UI         {url}/ui/",
     ]
+    from trims.runtime.functions_cli import DEFAULT_URL
+
+    if url.rstrip("/") != DEFAULT_URL:
+        # The CLI calls the default address unless told otherwise.
+        lines.append(
+            f"  CLI            export TRIMS_GATEWAY_URL={url}   (or trims functions --url {url})"
+        )
     if names:
         first = "echo" if "echo" in names else names[0]
         lines.append(f"  functions      {', '.join(names)}")

@@ -125,14 +125,14 @@ def _summary(manifest: Any) -> dict[str, Any]:
 
 
 def _table(manifests: list[Any]) -> None:
+    from trims.tables import text_table
+
     header = ("name", "version", "task", "framework", "weights", "dataset", "accuracy")
-    rows = [header]
+    rows = []
     for m in manifests:
         acc = m.accuracy
         metric = "-" if acc is None else f"{acc.metric}{acc.k or ''} {acc.reference:.4f}"
         dataset = f"{m.dataset.name}/{m.dataset.split}"
         rows.append((m.name, m.version, m.task, m.framework.name, m.model.weights, dataset,
                      metric))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print(text_table(header, rows))

@@ -10,6 +10,7 @@ database, skipping run ids already present.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -21,10 +22,12 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from trims import __version__
 from trims.errors import ValidationError
@@ -89,26 +92,15 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _memory_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def _memory_bytes() -> int:
+    return int(psutil.virtual_memory().total)
 
 
 def _os_name() -> str:
     try:
-        with open("/etc/os-release") as f:
-            for line in f:
-                if line.startswith("PRETTY_NAME="):
-                    return line.split("=", 1)[1].strip().strip('"')
-    except OSError:
-        pass
-    return platform.platform()
+        return platform.freedesktop_os_release()["PRETTY_NAME"]
+    except (OSError, KeyError):
+        return platform.platform()
 
 
 def _gpus() -> list[dict[str, str]]:
@@ -161,7 +153,7 @@ def _system() -> str:
         "cpu": hardware["cpu"],
         "cores": hardware["cores"],
         "arch": hardware["arch"],
-        "memory_gib": None if memory is None else round(memory / 2**30),
+        "memory_gib": round(memory / 2**30),
         "gpus": [g["name"] for g in hardware["gpus"]],
     }
     description = {
@@ -203,11 +195,17 @@ def project_revision() -> tuple[str, bool]:
     return __version__, False
 
 
-def _open(db: ResultsDB | str, *, readonly: bool) -> tuple[ResultsDB, bool]:
-    """The database and whether we opened it (and so close it)."""
+@contextlib.contextmanager
+def _opened(db: ResultsDB | str, *, readonly: bool) -> Iterator[tuple[ResultsDB, bool]]:
+    """The database and whether we opened it; one we opened is closed on exit."""
     if isinstance(db, ResultsDB):
-        return db, False
-    return ResultsDB(db, readonly=readonly), True
+        yield db, False
+        return
+    store = ResultsDB(db, readonly=readonly)
+    try:
+        yield store, True
+    finally:
+        store.close()
 
 
 def record_evaluation(
@@ -235,15 +233,11 @@ def record_evaluation(
         revision=rev,
         dirty=dirty,
     )
-    store, owned = _open(db, readonly=False)
-    try:
+    with _opened(db, readonly=False) as (store, owned):
         row_id = store.put_evaluation(record, traces)
         log.info("evaluation %s of %s (%s, %s) recorded in %s as id %d", record.run_id,
                  evaluation.manifest_name, evaluation.scenario, evaluation.sut,
                  store.url if owned else "the results database", row_id)  # fmt: skip
-    finally:
-        if owned:
-            store.close()
     return replace(record, id=row_id)
 
 
@@ -251,22 +245,14 @@ def list_evaluations(
     db: ResultsDB | str, where: EvaluationFilter | None = None
 ) -> list[EvaluationRecord]:
     """Stored evaluations matching ``where``, oldest first; a URL is opened read-only."""
-    store, owned = _open(db, readonly=True)
-    try:
+    with _opened(db, readonly=True) as (store, _):
         return store.evaluations(where)
-    finally:
-        if owned:
-            store.close()
 
 
 def get_evaluation(db: ResultsDB | str, ref: int | str) -> EvaluationRecord:
     """One evaluation by id or run id prefix; NotFound naming the database otherwise."""
-    store, owned = _open(db, readonly=True)
-    try:
+    with _opened(db, readonly=True) as (store, _):
         return store.get_evaluation(ref)
-    finally:
-        if owned:
-            store.close()
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def _ls_table(records: list[Any]) -> str:
-    from trims.evaluation.analyses import table
+    from trims.tables import text_table
 
     rows = []
     for r in records:
@@ -130,7 +130,7 @@ def _ls_table(records: list[Any]) -> str:
         )
     headers = ["id", "run", "model", "framework", "scenario", "sut", "mode", "batch", "valid",
                "qps", "p50 ms", "p99 ms", "accuracy", "system", "time"]  # fmt: skip
-    return table(headers, rows)
+    return text_table(headers, rows, align="l" + "r" * len(headers), rule=True, float_format=".2f")
 
 
 def run_ls(args: argparse.Namespace) -> int:
@@ -269,8 +269,8 @@ def _plot(comparison: Any, path: Path) -> Path:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from trims.evaluation.analyses import table
     from trims.evaluation.harness.results import compare, list_evaluations
+    from trims.tables import text_table
 
     db = _db(args)
     comparisons = compare(list_evaluations(db, _filter(args)), args.metric)
@@ -283,11 +283,10 @@ def run_compare(args: argparse.Namespace) -> int:
             if not c.rows:
                 continue
             print(f"{c.title}: {c.metric} ({c.unit})")
-            rows = [
-                [label, *("-" if v is None else v for v in values)]
-                for label, values in zip(c.rows, c.values, strict=True)
-            ]
-            print(table([c.row_header, *c.columns], rows) + "\n")
+            header = [c.row_header, *c.columns]
+            rows = [[label, *values] for label, values in zip(c.rows, c.values, strict=True)]
+            print(text_table(header, rows, align="l" + "r" * len(header), rule=True,
+                             float_format=".2f") + "\n")  # fmt: skip
     if args.plots is not None:
         args.plots.mkdir(parents=True, exist_ok=True)
         for c in comparisons:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from trims.errors import TrimsError, ValidationError
+from trims.tables import text_table
 
 if TYPE_CHECKING:
     from trims.evaluation.db import EvaluationRecord
@@ -308,7 +309,7 @@ def _write_json(path: Path, records: list[EvaluationRecord]) -> None:
 def _table(records: list[EvaluationRecord], out: TextIO) -> None:
     header = ("id", "model", "framework", "scenario", "sut", "batch", "valid", "qps",
               "p50 ms", "p90 ms", "p99 ms", "accuracy (ref)")  # fmt: skip
-    rows = [header]
+    rows = []
     for r in records:
         e = r.evaluation
         lat, acc = e.latency, e.accuracy
@@ -322,9 +323,7 @@ def _table(records: list[EvaluationRecord], out: TextIO) -> None:
         row = (str(r.id), e.manifest_name, e.framework, e.scenario, e.sut, str(e.batch), valid,
                qps, *lats, accuracy)  # fmt: skip
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    out.write(text_table(header, rows) + "\n")
 
 
 def run_run(args: argparse.Namespace) -> int:

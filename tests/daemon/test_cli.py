@@ -14,7 +14,7 @@ import pytest
 from tests.daemon.rawclient import RawClient
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.cli import build_settings, configure, parse_eviction
-from trims.errors import ValidationError
+from trims.errors import Unavailable, ValidationError
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -60,7 +60,7 @@ def test_socket_mode_group_a_second_daemon_and_clean_shutdown(
     assert st.st_mode & 0o777 == 0o640 and st.st_gid == os.getgid()
     assert daemon.admin_socket.stat().st_mode & 0o777 == 0o600
     twin = DaemonProcess(daemon.root, {})
-    with pytest.raises(RuntimeError, match="another daemon is serving"):
+    with pytest.raises(Unavailable, match="another daemon is serving"):
         twin.start()
     with RawClient(daemon.socket) as client:
         assert client.result("hello")["protocol"] == 1
