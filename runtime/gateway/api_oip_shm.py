@@ -25,12 +25,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import ipaddress
+from typing import Any
 
 from aiohttp import web
 
 from trims.errors import PermissionDenied, RequestError, Unauthorized
 from trims.runtime.gateway.context import auth_of, json_response, read_json
 from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
+from trims.runtime.gateway.oip_regions import OwnedRegions
 from trims.runtime.gateway.oip_shm import SharedMemoryRegistry
 from trims.runtime.gateway.peer_cred import peer_uid
 from trims.runtime.gateway.tensors import ShmRef
@@ -121,36 +123,47 @@ def _require_local_invoker(request: web.Request) -> str:
     return token.name
 
 
+#: The path part and the registry attribute of each kind of region.
+_KINDS = {"systemsharedmemory": "system", "cudasharedmemory": "cuda"}
+
+
+def _regions(request: web.Request) -> OwnedRegions[Any]:
+    """The registry of the kind of region the route names."""
+    kind = _KINDS[request.path.split("/")[2]]
+    registry: OwnedRegions[Any] = getattr(registry_of(request), kind)
+    return registry
+
+
+def _name_free(request: web.Request, owner: str, name: str) -> None:
+    """A region name is one region across both kinds, per token."""
+    shm = registry_of(request)
+    for other in (shm.system, shm.cuda):
+        if other is not _regions(request) and other.has(owner, name):
+            raise RequestError(
+                f"region name {name!r} is a {other.kind} region of this token; a name is one "
+                "region across system and CUDA shared memory"
+            )
+
+
 async def status(request: web.Request) -> web.Response:
     owner = _require_local_invoker(request)
-    regions = registry_of(request).system
-    return json_response(regions.status(owner, request.match_info.get("region")))
-
-
-def _name_free(request: web.Request, owner: str, name: str, other: str) -> None:
-    shm = registry_of(request)
-    taken = (
-        shm.cuda.has(owner, name)
-        if other == "cuda"
-        else name in {r["name"] for r in shm.system.status(owner)}
-    )
-    if taken:
-        raise RequestError(
-            f"region name {name!r} is a {other} shared-memory region of this token; a name "
-            "is one region across system and CUDA shared memory"
-        )
+    return json_response(_regions(request).status(owner, request.match_info.get("region")))
 
 
 async def register(request: web.Request) -> web.Response:
     owner = _require_local_invoker(request)
     doc = await read_json(request)
+    name = request.match_info["region"]
+    _name_free(request, owner, name)
+    shm = registry_of(request)
+    if _regions(request) is shm.cuda:
+        shm.cuda.register(owner, name, doc)
+        return json_response({})
     if not isinstance(doc, dict) or not isinstance(doc.get("key"), str):
         raise RequestError(
             'register needs a JSON object {"key": str, "offset": int, "byte_size": int}'
         )
-    name = request.match_info["region"]
-    _name_free(request, owner, name, "cuda")
-    registry_of(request).system.register(
+    shm.system.register(
         owner, name, doc["key"], doc.get("offset", 0), doc.get("byte_size"),
         peer_uid(request.transport),
     )  # fmt: skip
@@ -161,34 +174,9 @@ async def unregister(request: web.Request) -> web.Response:
     owner = _require_local_invoker(request)
     name = request.match_info.get("region")
     if name is None:
-        registry_of(request).system.unregister_all(owner)
+        _regions(request).unregister_all(owner)
     else:
-        registry_of(request).system.unregister(owner, name)
-    return json_response({})
-
-
-async def cuda_status(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
-    regions = registry_of(request).cuda
-    return json_response(regions.status(owner, request.match_info.get("region")))
-
-
-async def cuda_register(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
-    doc = await read_json(request)
-    name = request.match_info["region"]
-    _name_free(request, owner, name, "system")
-    registry_of(request).cuda.register(owner, name, doc)
-    return json_response({})
-
-
-async def cuda_unregister(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
-    name = request.match_info.get("region")
-    if name is None:
-        registry_of(request).cuda.unregister_all(owner)
-    else:
-        registry_of(request).cuda.unregister(owner, name)
+        _regions(request).unregister(owner, name)
     return json_response({})
 
 
@@ -201,15 +189,9 @@ def add_routes(app: web.Application) -> None:
 
     app.on_cleanup.append(close)
     r = app.router
-    base = "/v2/systemsharedmemory"
-    r.add_get(f"{base}/status", status)
-    r.add_get(f"{base}/region/{{region}}/status", status)
-    r.add_post(f"{base}/region/{{region}}/register", register)
-    r.add_post(f"{base}/region/{{region}}/unregister", unregister)
-    r.add_post(f"{base}/unregister", unregister)
-    cuda_base = "/v2/cudasharedmemory"
-    r.add_get(f"{cuda_base}/status", cuda_status)
-    r.add_get(f"{cuda_base}/region/{{region}}/status", cuda_status)
-    r.add_post(f"{cuda_base}/region/{{region}}/register", cuda_register)
-    r.add_post(f"{cuda_base}/region/{{region}}/unregister", cuda_unregister)
-    r.add_post(f"{cuda_base}/unregister", cuda_unregister)
+    for base in (f"/v2/{route}" for route in _KINDS):
+        r.add_get(f"{base}/status", status)
+        r.add_get(f"{base}/region/{{region}}/status", status)
+        r.add_post(f"{base}/region/{{region}}/register", register)
+        r.add_post(f"{base}/region/{{region}}/unregister", unregister)
+        r.add_post(f"{base}/unregister", unregister)

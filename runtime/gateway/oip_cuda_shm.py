@@ -24,20 +24,17 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trims.errors import AlreadyExists, RequestError, ResourceExhausted, TrimsError
+from trims.errors import RequestError, TrimsError
+from trims.runtime.gateway.oip_regions import MAX_REGIONS_PER_OWNER, OwnedRegions, fits_output
 from trims.runtime.gateway.tensors import ShmRef
 
 __all__ = ["MAX_REGIONS_PER_OWNER", "CudaSharedMemoryRegistry"]
 
 log = logging.getLogger(__name__)
-
-MAX_REGIONS_PER_OWNER = 64
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class DeviceBuffer(Protocol):
@@ -68,41 +65,23 @@ class CudaRegion:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
+    def close(self) -> None:
+        self.buffer.close()
 
-class CudaSharedMemoryRegistry:
+
+class CudaSharedMemoryRegistry(OwnedRegions[CudaRegion]):
     """The CUDA regions registered on one gateway, by owner (token name) and region name."""
 
     def __init__(
         self, opener: Opener = _open_ipc, max_regions_per_owner: int = MAX_REGIONS_PER_OWNER
     ) -> None:
+        super().__init__("CUDA shared-memory", "cudasharedmemory", max_regions_per_owner)
         self._open = opener
-        self._max = max_regions_per_owner
-        self._regions: dict[str, dict[str, CudaRegion]] = {}
-        self._closed = False
-
-    def has(self, owner: str, name: str) -> bool:
-        return name in self._regions.get(owner, {})
 
     def register(self, owner: str, name: str, doc: Any) -> None:
         """Register ``doc`` (``{"raw_handle": {"b64"}, "device_id", "byte_size"}``)."""
-        if self._closed:
-            raise RequestError("the gateway is shutting down; register on another gateway")
-        if not _NAME_RE.fullmatch(name):
-            raise RequestError(
-                f"region name {name!r} must be 1-128 letters, digits, '_', '.' or '-'"
-            )
+        self._admit(owner, name)
         raw, device_id, byte_size = _parse(doc)
-        mine = self._regions.get(owner, {})
-        if name in mine:
-            raise AlreadyExists(
-                f"CUDA shared-memory region {name!r} is registered; unregister it first "
-                f"(POST /v2/cudasharedmemory/region/{name}/unregister)"
-            )
-        if len(mine) >= self._max:
-            raise ResourceExhausted(
-                f"this token holds {len(mine)} CUDA shared-memory regions, the most one may; "
-                "unregister some first"
-            )
         try:
             buffer = self._open(device_id, raw, byte_size)
         except TrimsError as e:
@@ -110,59 +89,19 @@ class CudaSharedMemoryRegistry:
                 f"CUDA shared memory is not available on this gateway: {e.message}; pass "
                 "tensors in system shared memory (/v2/systemsharedmemory) or in the body"
             ) from None
-        self._regions.setdefault(owner, {})[name] = CudaRegion(name, device_id, byte_size, buffer)
+        self._add(owner, CudaRegion(name, device_id, byte_size, buffer))
         log.info("CUDA shared-memory region %s registered (device %d, %d bytes)",
                  name, device_id, byte_size)  # fmt: skip
 
-    def unregister(self, owner: str, name: str) -> None:
-        region = self._regions.get(owner, {}).pop(name, None)
-        if region is None:
-            raise RequestError(f"no CUDA shared-memory region named {name!r} is registered")
-        _close(region)
-
-    def unregister_all(self, owner: str) -> None:
-        for region in self._regions.pop(owner, {}).values():
-            _close(region)
-
-    def status(self, owner: str, name: str | None = None) -> list[dict[str, Any]]:
-        regions = self._regions.get(owner, {})
-        if name is None:
-            return [r.describe() for r in regions.values()]
-        if name not in regions:
-            raise RequestError(f"no CUDA shared-memory region named {name!r} is registered")
-        return [regions[name].describe()]
-
-    def close(self) -> None:
-        self._closed = True
-        regions, self._regions = self._regions, {}
-        for owned in regions.values():
-            for region in owned.values():
-                _close(region)
-
     def read(self, owner: str, ref: ShmRef, what: str) -> bytes:
-        region = self._use(owner, ref, what, ref.byte_size)
+        region = self._use(owner, ref, what)
         return region.buffer.read(ref.offset, ref.byte_size) if ref.byte_size else b""
 
     def write(self, owner: str, ref: ShmRef, data: bytes, what: str) -> None:
-        if len(data) > ref.byte_size:
-            raise RequestError(
-                f"{what} is {len(data)} bytes; its shared_memory_byte_size {ref.byte_size} "
-                "cannot hold it"
-            )
-        region = self._use(owner, ref, what, len(data))
+        fits_output(ref, data, what)
+        region = self._use(owner, ref, what)
         if data:
             region.buffer.write(ref.offset, data)
-
-    def _use(self, owner: str, ref: ShmRef, what: str, size: int) -> CudaRegion:
-        region = self._regions.get(owner, {}).get(ref.region)
-        if region is None:
-            raise RequestError(f"{what}: no CUDA shared-memory region named {ref.region!r}")
-        if ref.offset + max(size, ref.byte_size) > region.byte_size:
-            raise RequestError(
-                f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                f"{ref.byte_size} run past region {region.name} ({region.byte_size} bytes)"
-            )
-        return region
 
 
 def _parse(doc: Any) -> tuple[bytes, int, int]:
@@ -189,11 +128,3 @@ def _parse(doc: Any) -> tuple[bytes, int, int]:
     if values[1] == 0:
         raise RequestError("'byte_size' must be at least 1")
     return raw, values[0], values[1]
-
-
-def _close(region: CudaRegion) -> None:
-    try:
-        region.buffer.close()
-    except TrimsError as e:
-        log.warning("closing CUDA shared-memory region %s failed: %s", region.name, e.message)
-    log.info("CUDA shared-memory region %s unregistered", region.name)

@@ -47,21 +47,19 @@ from typing import Any
 
 import posix_ipc
 
-from trims.errors import AlreadyExists, NotFound, RequestError, ResourceExhausted
+from trims.errors import NotFound, RequestError
+from trims.runtime.gateway.oip_regions import MAX_REGIONS_PER_OWNER, OwnedRegions, fits_output
 from trims.runtime.gateway.tensors import ShmRef
 
 __all__ = ["MAX_REGIONS_PER_OWNER", "Region", "SharedMemoryRegistry"]
 
 log = logging.getLogger(__name__)
 
-#: Regions one token may hold at once (each holds a file descriptor in the gateway).
-MAX_REGIONS_PER_OWNER = 64
 
 #: Where POSIX shared-memory objects live on Linux; a key must open a file on this filesystem.
 SHM_DIR = "/dev/shm"
 
 _KEY_RE = re.compile(r"/?[A-Za-z0-9_.-]{1,250}")
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 @dataclass(eq=False)
@@ -83,28 +81,22 @@ class Region:
             "byte_size": self.byte_size,
         }
 
+    def close(self) -> None:
+        os.close(self.fd)
 
-class SharedMemoryRegistry:
-    """The registered regions, by owner; see Note [region mappings]."""
+
+class SharedMemoryRegistry(OwnedRegions[Region]):
+    """The system shared-memory regions registered on one gateway."""
 
     def __init__(self, max_regions_per_owner: int = MAX_REGIONS_PER_OWNER) -> None:
-        self._max = max_regions_per_owner
-        self._regions: dict[str, dict[str, Region]] = {}
-        self._closed = False
-
-    # -- registration ------------------------------------------------------------------------
+        super().__init__("system shared-memory", "systemsharedmemory", max_regions_per_owner)
 
     def register(
         self, owner: str, name: str, key: str, offset: int, byte_size: int, caller_uid: int | None
     ) -> None:
         """Register ``byte_size`` bytes at ``offset`` of object ``key`` as ``name`` for
         ``owner``; ``caller_uid`` is the calling local user (Note [region owners])."""
-        if self._closed:
-            raise RequestError("the gateway is shutting down; register on another gateway")
-        if not _NAME_RE.fullmatch(name):
-            raise RequestError(
-                f"region name {name!r} must be 1-128 letters, digits, '_', '.' or '-'"
-            )
+        self._admit(owner, name)
         if not _KEY_RE.fullmatch(key) or key.strip("/") in (".", ".."):
             raise RequestError(
                 f"key {key!r} must name a POSIX shared-memory object: '/' and 1-250 letters, "
@@ -116,18 +108,7 @@ class SharedMemoryRegistry:
                 raise RequestError(f"'{what}' must be a non-negative integer, got {value!r}")
         if byte_size == 0:
             raise RequestError("'byte_size' must be at least 1")
-        mine = self._regions.get(owner, {})
-        if name in mine:
-            raise AlreadyExists(
-                f"shared-memory region {name!r} is registered; unregister it first "
-                f"(POST /v2/systemsharedmemory/region/{name}/unregister)"
-            )
-        if len(mine) >= self._max:
-            raise ResourceExhausted(
-                f"this token holds {len(mine)} shared-memory regions, the most one may; "
-                "unregister some first"
-            )
-        for other, regions in self._regions.items():
+        for other, regions in self.owned().items():
             if other != owner and any(r.key == key for r in regions.values()):
                 raise RequestError(
                     f"key {key} is registered by another caller; create an object of your own"
@@ -155,48 +136,15 @@ class SharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        region = Region(name, key, offset, byte_size, fd, writable)
-        self._regions.setdefault(owner, {})[name] = region
+        self._add(owner, Region(name, key, offset, byte_size, fd, writable))
         log.info(
             "shared-memory region %s registered (key %s, %d bytes at %d, %s)",
             name, key, byte_size, offset, "read-write" if writable else "read-only",
         )  # fmt: skip
 
-    def unregister(self, owner: str, name: str) -> None:
-        region = self._regions.get(owner, {}).pop(name, None)
-        if region is None:
-            raise NotFound(f"no shared-memory region named {name!r} is registered by this token")
-        _close(region)
-
-    def unregister_all(self, owner: str) -> None:
-        for region in self._regions.pop(owner, {}).values():
-            _close(region)
-
-    def status(self, owner: str, name: str | None = None) -> list[dict[str, Any]]:
-        mine = self._regions.get(owner, {})
-        if name is None:
-            return [r.describe() for r in mine.values()]
-        return [self._region(owner, name).describe()]
-
-    def close(self) -> None:
-        """Close every region (the gateway is shutting down)."""
-        self._closed = True
-        regions, self._regions = self._regions, {}
-        for owned in regions.values():
-            for region in owned.values():
-                _close(region)
-
-    def _region(self, owner: str, name: str) -> Region:
-        region = self._regions.get(owner, {}).get(name)
-        if region is None:
-            raise NotFound(f"no shared-memory region named {name!r} is registered by this token")
-        return region
-
-    # -- use -----------------------------------------------------------------------------------
-
     def read(self, owner: str, ref: ShmRef, what: str) -> bytes:
         """A copy of the bytes ``ref`` names (for ``what``, e.g. "input 'x'")."""
-        region = self._use(owner, ref, what, ref.byte_size)
+        region = self._in_object(owner, ref, what, ref.byte_size)
         if ref.byte_size == 0:
             return b""
         data = os.pread(region.fd, ref.byte_size, region.offset + ref.offset)
@@ -206,12 +154,8 @@ class SharedMemoryRegistry:
 
     def write(self, owner: str, ref: ShmRef, data: bytes, what: str) -> None:
         """Write ``data`` at ``ref`` (for ``what``, e.g. "output 'y'")."""
-        if len(data) > ref.byte_size:
-            raise RequestError(
-                f"{what} is {len(data)} bytes; its shared_memory_byte_size {ref.byte_size} "
-                "cannot hold it"
-            )
-        region = self._use(owner, ref, what, len(data))
+        fits_output(ref, data, what)
+        region = self._in_object(owner, ref, what, len(data))
         if not region.writable:
             raise RequestError(
                 f"shared-memory region {region.name} is read-only to the gateway (key "
@@ -222,19 +166,10 @@ class SharedMemoryRegistry:
             written = os.pwrite(region.fd, view, at)
             view, at = view[written:], at + written
 
-    def _use(self, owner: str, ref: ShmRef, what: str, size: int) -> Region:
-        region = self._regions.get(owner, {}).get(ref.region)
-        if region is None:
-            raise RequestError(
-                f"{what}: no shared-memory region named {ref.region!r} is registered by this "
-                "token; register it first (POST /v2/systemsharedmemory/region/"
-                f"{ref.region}/register)"
-            )
-        if ref.offset + ref.byte_size > region.byte_size:
-            raise RequestError(
-                f"{what}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                f"{ref.byte_size} run past region {region.name} ({region.byte_size} bytes)"
-            )
+    def _in_object(self, owner: str, ref: ShmRef, what: str, size: int) -> Region:
+        """:meth:`_use`, and the window still inside the object (which its client may have
+        shrunk since it registered it)."""
+        region = self._use(owner, ref, what)
         end = region.offset + ref.offset + size
         current = os.fstat(region.fd).st_size
         if end > current:
@@ -281,11 +216,3 @@ def _checked_size(fd: int, key: str) -> int:
     if not stat.S_ISREG(info.st_mode) or info.st_dev != shm_dev:
         raise RequestError(f"{key} is not a POSIX shared-memory object")
     return info.st_size
-
-
-def _close(region: Region) -> None:
-    try:
-        os.close(region.fd)
-    except OSError:
-        log.warning("closing shared-memory region %s failed", region.name)
-    log.info("shared-memory region %s unregistered", region.name)
