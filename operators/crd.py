@@ -2,10 +2,11 @@
 
 A Function's ``spec`` is a trims function spec without ``name`` (the object's
 ``metadata.name`` is the function name) plus ``replicas``. The CRD's OpenAPI v3 schema is made
-from :data:`trims.runtime.functions.spec.FUNCTION_SCHEMA` by :func:`structural`, so the API
-server checks the same contract the gateway does (``parse_spec`` stays the authority for rules
-across fields). ``helm/trims/crds/function.yaml`` is this CRD as YAML (``trims operator crd``
-writes it; a test keeps the two equal).
+from :data:`trims.runtime.functions.schema.FUNCTION_SCHEMA` (generated from the spec's typed
+model) by :func:`structural`, so the API server checks the same contract the gateway does; the
+rules JSON Schema cannot state travel as the model's ``x-kubernetes-validations`` CEL rules.
+``helm/trims/crds/function.yaml`` is this CRD as YAML (``trims operator crd`` writes it; a test
+keeps the two equal).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from trims.runtime.functions.spec import FUNCTION_SCHEMA
+from trims.runtime.functions.schema import FUNCTION_SCHEMA
 
 GROUP = "trims.io"
 VERSION = "v1alpha1"
@@ -21,7 +22,10 @@ KIND = "Function"
 PLURAL = "functions"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-_DROP = ("$schema", "title", "$id")
+#: Not in a structural schema: documentation noise, and ``default``, which the API server would
+#: write into every stored object.
+_DROP = ("$schema", "title", "$id", "default")
+_CEL = "x-kubernetes-validations"
 
 #: Columns ``kubectl get functions`` shows.
 PRINTER_COLUMNS = [
@@ -41,8 +45,10 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
 
     Kubernetes wants a ``type`` on every node, no ``additionalProperties`` beside
     ``properties`` (unknown fields are pruned instead), int-or-string instead of ``oneOf`` over
-    types, free-form objects marked ``x-kubernetes-preserve-unknown-fields`` and the OpenAPI 3.0
-    boolean form of ``exclusiveMinimum``.
+    types (each branch's bounds kept on the node: ``minimum`` binds only integers, ``pattern``
+    only strings), free-form objects marked ``x-kubernetes-preserve-unknown-fields``, the
+    OpenAPI 3.0 boolean form of ``exclusiveMinimum``, and no ``propertyNames`` (the model states
+    that rule again as a CEL rule in ``x-kubernetes-validations``, which is kept).
     """
     out: dict[str, Any] = {}
     for key, value in schema.items():
@@ -62,8 +68,16 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
             types = {branch["type"] for branch in value}
             if types <= {"integer", "string"}:
                 out["x-kubernetes-int-or-string"] = True
+                for branch in value:
+                    out.update({k: v for k, v in branch.items() if k != "type"})
             else:
                 raise ValueError(f"cannot express oneOf over types {sorted(types)} structurally")
+        elif key == "propertyNames":
+            if _CEL not in schema:
+                raise ValueError(
+                    "cannot express propertyNames structurally: give the field a CEL rule "
+                    "(trims.runtime.functions.validation.cel_rule) that checks its keys"
+                )
         else:
             out[key] = copy.deepcopy(value)
     if out.get("type") == ["string", "number"]:
@@ -89,6 +103,17 @@ def function_spec_schema() -> dict[str, Any]:
         "description": "worker pods to keep (default: max(1, scaling.min_instances))",
     }
     return schema
+
+
+def name_rule() -> dict[str, str]:
+    """The function name rule on ``metadata.name`` (the API server's own check allows dots and
+    253 characters; a function name is a DNS label), as CEL at the schema's root."""
+    pattern = FUNCTION_SCHEMA["properties"]["name"]["pattern"]
+    return {
+        "rule": f"self.metadata.name.matches('{pattern}')",
+        "message": "metadata.name: a function name is 1-63 lowercase letters, digits or '-', "
+        "starting and ending with a letter or digit",
+    }
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -120,6 +145,7 @@ def crd_manifest() -> dict[str, Any]:
                             "type": "object",
                             "description": "A trims function: code, models, resources, scaling.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [name_rule()],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

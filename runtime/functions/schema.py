@@ -1,129 +1,74 @@
-"""The function spec as JSON Schema (draft 2020-12), for the gateway's OpenAPI document.
+"""The function spec as JSON Schema (draft 2020-12), generated from the typed model.
 
-It states the same contract :func:`trims.runtime.functions.spec.parse_spec` enforces; the parser
-stays the authority (it also checks cross-field rules and gives messages that name the field).
+:data:`FUNCTION_SCHEMA` is what pydantic generates for :class:`~trims.runtime.functions.spec.
+FunctionSpec`, made self-contained and plain by :func:`plain_schema`: references inlined, titles
+dropped, an optional field shown as its type (omit it instead of writing null), a mapping's key
+pattern as ``propertyNames``. The gateway's OpenAPI document uses it as is; the Function CRD
+(``trims.operators.crd``) makes a Kubernetes structural schema of it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-_SIZE: dict[str, Any] = {
-    "oneOf": [
-        {"type": "integer", "minimum": 1},
-        {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$"},
-    ]
-}
-_TENSOR: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "datatype", "shape"],
-    "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "datatype": {
-            "enum": [
-                "BOOL",
-                "UINT8",
-                "UINT16",
-                "UINT32",
-                "UINT64",
-                "INT8",
-                "INT16",
-                "INT32",
-                "INT64",
-                "FP16",
-                "FP32",
-                "FP64",
-                "BYTES",
-            ]
-        },
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": -1}},
-    },
-}
+import pydantic
 
-FUNCTION_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "FunctionSpec",
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name"],
-    "anyOf": [{"required": ["handler"]}, {"required": ["image"]}],
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
-        "handler": {
-            "type": "string",
-            "description": "module:function; the module must be a file or package in code_dir "
-            "(or one of the project's benchmark modules, trims.kernels.* / trims.evaluation.*)",
-            "pattern": r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$",
-        },
-        "code_dir": {
-            "type": "string",
-            "description": "absolute directory holding the handler module; no '..', no system "
-            "or trims directory",
-            "pattern": "^/",
-            "maxLength": 4096,
-        },
-        "image": {"type": "string", "minLength": 1},
-        "executor": {"type": "string", "pattern": "^[a-z][a-z0-9-]{0,62}$"},
-        "environment": {
-            "type": "string",
-            "description": "the Python environment the local executor runs the function in, by "
-            "the name the gateway declares (--environment NAME=PYTHON); default: the gateway's",
-            "pattern": "^[a-z][a-z0-9-]{0,62}$",
-        },
-        "models": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["name"],
-                "properties": {
-                    "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
-                    "version": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"},
-                    "source": {"type": "string", "minLength": 1},
-                    "framework": {"enum": ["numpy", "torch", "onnxruntime", "mxnet"]},
-                    "tier": {"enum": ["cpu", "gpu", "disk"]},
-                    "alias": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
-                },
-            },
-        },
-        "resources": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "cpus": {"type": "number", "exclusiveMinimum": 0},
-                "memory": _SIZE,
-                "memory_bytes": _SIZE,
-                "gpus": {"type": "integer", "minimum": 0},
-            },
-        },
-        "scaling": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "min_instances": {"type": "integer", "minimum": 0},
-                "max_instances": {"type": "integer", "minimum": 1},
-                "concurrency": {"type": "integer", "minimum": 1},
-                "queue_size": {"type": "integer", "minimum": 0},
-                "idle_timeout_s": {"type": "number", "exclusiveMinimum": 0},
-                "request_timeout_s": {"type": "number", "exclusiveMinimum": 0},
-                "max_body_bytes": _SIZE,
-            },
-        },
-        # Env keys are checked by the spec parser: a Kubernetes structural schema (the CRD is
-        # generated from this one) cannot hold propertyNames.
-        "env": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
-        "config": {"type": "object"},
-        "serves": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["inputs", "outputs"],
-            "properties": {
-                "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
-                "outputs": {"type": "array", "minItems": 1, "items": _TENSOR},
-                "platform": {"type": "string"},
-                "versions": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-            },
-        },
-    },
-}
+from trims.runtime.functions.spec import FunctionSpec
+
+__all__ = ["FUNCTION_SCHEMA", "plain_schema"]
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {**target, **{k: _inline(v, defs) for k, v in node.items() if k != "$ref"}}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("properties", "patternProperties", "$defs"):
+            out[key] = {name: _inline(sub, defs) for name, sub in value.items()}
+        else:
+            out[key] = _inline(value, defs)
+    return out
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_plain(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title":
+            continue
+        if key in ("properties", "patternProperties"):
+            out[key] = {name: _plain(sub) for name, sub in value.items()}
+        else:
+            out[key] = _plain(value)
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches:
+        rest = [b for b in branches if b != {"type": "null"}]
+        out.pop("anyOf")
+        if out.get("default", ...) is None:
+            out.pop("default")
+        out = {**rest[0], **out} if len(rest) == 1 else {"anyOf": rest, **out}
+    pattern_properties = out.pop("patternProperties", None)
+    if pattern_properties:
+        ((pattern, values),) = pattern_properties.items()
+        out["propertyNames"] = {"pattern": pattern}
+        out["additionalProperties"] = values
+    return out
+
+
+def plain_schema(model: type[Any], title: str) -> dict[str, Any]:
+    """The JSON Schema of a pydantic model or dataclass, self-contained and without noise."""
+    schema = pydantic.TypeAdapter(model).json_schema()
+    defs = schema.pop("$defs", {})
+    body: dict[str, Any] = _plain(_inline(schema, defs))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, **body}
+
+
+FUNCTION_SCHEMA: dict[str, Any] = plain_schema(FunctionSpec, "FunctionSpec")

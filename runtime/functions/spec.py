@@ -1,28 +1,49 @@
 """Function specs: what a function is (code + models + resources + scaling), parsed and checked.
 
-One schema serves YAML/JSON files and API bodies. :func:`parse_spec` turns a mapping into a
-frozen :class:`FunctionSpec` or raises :class:`ValidationError` whose message names the field
-(``scaling.concurrency: must be an integer >= 1, got 0``); :data:`FUNCTION_SCHEMA` (in
-``schema.py``) is the same contract as JSON Schema for the gateway's OpenAPI document.
+One typed model is the contract. :func:`parse_spec` turns a mapping into a frozen
+:class:`FunctionSpec` or raises :class:`ValidationError` whose message names the field
+(``scaling.concurrency: must be an integer >= 1, got 0``); ``schema.FUNCTION_SCHEMA`` is the
+JSON Schema generated from these same classes for the gateway's OpenAPI document and the
+Function CRD. A rule JSON Schema cannot express (``min_instances <= max_instances``, unique model
+keys, env key names in a Kubernetes structural schema) is written once here as a check and,
+beside it, as the CEL rule the CRD carries (``cel_rule``).
+
+The classes are pydantic dataclasses: real frozen dataclasses (``dataclasses.replace`` works and
+validates), compared by value, and validated whenever they are built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+import pydantic
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 from trims.config import parse_size
 from trims.errors import ValidationError
-from trims.layout import validate_model_name, validate_version
-from trims.runtime.functions.schema import FUNCTION_SCHEMA
+from trims.runtime.functions.validation import cel_rule, describe_errors, hint, rule_error
 
 __all__ = [
-    "FUNCTION_SCHEMA",
+    "DATATYPES",
+    "FRAMEWORKS",
     "FunctionSpec",
     "ModelRef",
     "Resources",
@@ -34,420 +55,365 @@ __all__ = [
     "parse_spec",
 ]
 
-# Note [full-string names]: every pattern here is applied with ``fullmatch``. ``re.match`` with
-# ``$`` accepts a trailing newline ("echo\n"), and these names become file names (the gateway's
-# state dir), label values and URL paths. \w is ASCII-only (re.ASCII) for the same reason.
-FUNCTION_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-HANDLER_RE = re.compile(r"[A-Za-z_]\w{0,99}(\.[A-Za-z_]\w{0,99}){0,15}:[A-Za-z_]\w{0,99}", re.ASCII)
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-#: A model name in a spec: the store's rule (trims.layout), as a full-string match.
-MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
-FRAMEWORKS = ("numpy", "torch", "onnxruntime", "mxnet")
-TIERS = ("cpu", "gpu", "disk")
+# Note [patterns]: every pattern is anchored and spelled so that pydantic (Rust regex), the
+# Kubernetes API server (Go RE2), OpenAPI clients (ECMA-262) and Python agree: '^...$' (in all
+# of them but Python's re.search '$' is the end of the string; a name never ends in a newline),
+# explicit ASCII classes instead of \w, no lookaround. These names become file names (the
+# gateway's state dir), label values and URL paths.
+FUNCTION_NAME = hint(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    "1-63 lowercase letters, digits or '-', starting and ending with a letter or digit",
+)
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,99}"
+HANDLER = hint(
+    rf"^{_IDENT}(\.{_IDENT}){{0,15}}:{_IDENT}$", "'module:function' (e.g. 'handler:handle')"
+)
+ENV_NAME = hint(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", "an environment variable name")
+#: The store's model name rule (trims.layout): no '..' anywhere, at most 128 characters.
+MODEL_NAME = hint(
+    r"^[A-Za-z0-9]([A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$",
+    "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'",
+)
+VERSION = hint(
+    r"^[A-Za-z0-9]([A-Za-z0-9_+-]|\.[A-Za-z0-9_+-])*\.?$",
+    "1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'",
+)
+EXECUTOR_NAME = hint(
+    r"^[a-z][a-z0-9-]{0,62}$", "an executor name such as local, docker or kubernetes"
+)
+#: The same rule as EXECUTOR_NAME, spelled apart so that its errors say what it names.
+ENVIRONMENT_NAME = hint(
+    r"^[a-z][-a-z0-9]{0,62}$",
+    "an environment name the gateway declares, such as mxnet "
+    "(1-63 lowercase letters, digits or '-', starting with a letter)",
+)
+CODE_DIR = hint(
+    r"^/[^\x00-\x1f\x7f]*$",
+    "an absolute path without control characters (a spec file's relative one is resolved)",
+)
+#: A '..' path component; JSON Schema states it as ``not: {pattern: DOT_DOT}``.
+DOT_DOT = r"(^|/)\.\.(/|$)"
+SIZE = hint(
+    r"^\s*([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)\s*([kKmMgGtT][iI]?[bB]?|[bB])?\s*$",
+    "a size in bytes > 0 or a string like '512MiB'",
+)
+#: Bounds that keep the CRD's CEL rules within the API server's cost budget.
+MAX_MODELS = 64
+MAX_ENV = 256
+
+Framework = Literal["numpy", "torch", "onnxruntime", "mxnet"]
+Tier = Literal["cpu", "gpu", "disk"]
 #: Open Inference Protocol tensor datatypes.
-DATATYPES = (
+Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BYTES",
-)  # fmt: skip
-SPEC_KEYS = frozenset(
-    {"name", "handler", "code_dir", "image", "models", "resources", "scaling", "env", "config",
-     "executor", "serves", "environment"}
-)  # fmt: skip
+]  # fmt: skip
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+TIERS: tuple[str, ...] = get_args(Tier)
+DATATYPES: tuple[str, ...] = get_args(Datatype)
 
 
-@dataclass(frozen=True)
+def _size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise PydanticCustomError("size", "must be a size in bytes or a string like '512MiB'")
+    try:
+        size = parse_size(value)
+    except ValidationError as e:
+        raise PydanticCustomError("size", "{reason}", {"reason": e.message}) from e
+    if size <= 0:
+        raise PydanticCustomError("size", "must be > 0")
+    return size
+
+
+def _scalar_text(value: object) -> object:
+    """Numbers written without quotes in YAML (``OMP_NUM_THREADS: 1``, ``version: 2``)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _env_value(value: object) -> object:
+    value = _scalar_text(value)
+    if not isinstance(value, str):
+        raise PydanticCustomError("env_value", "must be a string")
+    return value
+
+
+def _code_dir(path: str) -> str:
+    """Whether it exists and may hold code is checked at deploy (code_rules), where the host is."""
+    if not path.isprintable():
+        raise PydanticCustomError("code_dir", "must be a printable path")
+    if re.search(DOT_DOT, path):
+        raise PydanticCustomError("code_dir", "must not contain '..' components")
+    return path
+
+
+def _json_copy(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    try:
+        copied = json.loads(json.dumps(dict(value)))
+    except (TypeError, ValueError) as e:
+        raise PydanticCustomError("json", "must be JSON-serializable ({e})", {"e": str(e)}) from e
+    return MappingProxyType(copied)
+
+
+def _frozen(value: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(value))
+
+
+def _plain_dict(value: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(value)
+
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+Count = Annotated[int, Field(strict=True, ge=0)]
+PositiveNumber = Annotated[float, Field(strict=True, gt=0)]
+Size = Annotated[
+    int,
+    BeforeValidator(_size),
+    WithJsonSchema(
+        {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": SIZE}]}
+    ),
+]
+FunctionName = Annotated[str, StringConstraints(strict=True, pattern=FUNCTION_NAME)]
+Handler = Annotated[str, StringConstraints(strict=True, pattern=HANDLER)]
+ModelName = Annotated[str, StringConstraints(strict=True, max_length=128, pattern=MODEL_NAME)]
+Version = Annotated[
+    str,
+    StringConstraints(strict=True, max_length=64, pattern=VERSION),
+    BeforeValidator(_scalar_text),
+]
+EnvName = Annotated[str, StringConstraints(strict=True, pattern=ENV_NAME)]
+EnvValue = Annotated[
+    str,
+    BeforeValidator(_env_value),
+    WithJsonSchema({"type": ["string", "number"]}),
+]
+ExecutorName = Annotated[str, StringConstraints(strict=True, pattern=EXECUTOR_NAME)]
+EnvironmentName = Annotated[str, StringConstraints(strict=True, pattern=ENVIRONMENT_NAME)]
+CodeDir = Annotated[
+    str,
+    StringConstraints(strict=True, max_length=4096, pattern=CODE_DIR),
+    AfterValidator(_code_dir),
+]
+
+_NO_UNKNOWN_FIELDS = ConfigDict(extra="forbid")
+
+
+def _model_key(m: str) -> str:
+    return f"(has({m}.alias) ? {m}.alias : {m}.name)"
+
+
+@dataclass(frozen=True, config=_NO_UNKNOWN_FIELDS)
 class ModelRef:
     """A model the function needs; acquired from the store before ``init(ctx)`` runs."""
 
-    name: str
-    version: str | None = None
+    name: ModelName
+    version: Version | None = None
     #: Path or URL the instance loads directly when no store daemon is reachable.
-    source: str | None = None
-    framework: str = "numpy"
-    tier: str = "cpu"
+    source: Text | None = None
+    framework: Framework = "numpy"
+    tier: Tier = "cpu"
     #: The key under which the function finds it in ``ctx.models`` (default: ``name``).
-    alias: str | None = None
+    alias: ModelName | None = None
 
     @property
     def key(self) -> str:
         return self.alias or self.name
 
 
-@dataclass(frozen=True)
+def _memory_alias(schema: dict[str, Any]) -> None:
+    """``memory`` is the spelling people write; ``memory_bytes`` the one ``to_dict`` writes."""
+    schema["properties"]["memory"] = schema["properties"]["memory_bytes"]
+    schema["not"] = {"required": ["memory", "memory_bytes"]}
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid", json_schema_extra=_memory_alias))
 class Resources:
     #: CPU cores (fractions allowed); None = no limit.
-    cpus: float | None = None
+    cpus: PositiveNumber | None = None
     #: Memory limit in bytes beyond what the preloaded frameworks map; None = no limit.
-    memory_bytes: int | None = None
-    gpus: int = 0
+    memory_bytes: Size | None = Field(
+        default=None, validation_alias=AliasChoices("memory_bytes", "memory")
+    )
+    gpus: Count = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_memory(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "memory" in data and "memory_bytes" in data:
+            raise rule_error("memory", "give memory or memory_bytes, not both")
+        return data
 
 
-@dataclass(frozen=True)
+_MIN_INSTANCES = 0
+_MAX_INSTANCES = 4
+_MIN_MAX = (
+    f"(has(self.min_instances) ? self.min_instances : {_MIN_INSTANCES}) <= "
+    f"(has(self.max_instances) ? self.max_instances : {_MAX_INSTANCES})"
+)
+
+
+@dataclass(
+    frozen=True,
+    config=ConfigDict(
+        extra="forbid",
+        json_schema_extra=cel_rule(_MIN_MAX, "min_instances must not exceed max_instances"),
+    ),
+)
 class Scaling:
-    min_instances: int = 0
-    max_instances: int = 4
+    min_instances: Count = _MIN_INSTANCES
+    max_instances: PositiveInt = _MAX_INSTANCES
     #: Requests one instance handles at once (sync handlers get a thread pool this size).
-    concurrency: int = 1
+    concurrency: PositiveInt = 1
     #: Requests waiting for an instance before the gateway answers 429.
-    queue_size: int = 64
+    queue_size: Count = 64
     #: Seconds an instance may sit idle before it is stopped (scale to zero).
-    idle_timeout_s: float = 60.0
+    idle_timeout_s: PositiveNumber = 60.0
     #: Seconds one request may take before the gateway answers 504.
-    request_timeout_s: float = 30.0
-    max_body_bytes: int = 16 << 20
+    request_timeout_s: PositiveNumber = 30.0
+    max_body_bytes: Size = 16 << 20
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Scaling:
+        if self.min_instances > self.max_instances:
+            raise rule_error(
+                "min_instances",
+                f"must not exceed scaling.max_instances ({self.max_instances}), "
+                f"got {self.min_instances}",
+            )
+        return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_NO_UNKNOWN_FIELDS)
 class TensorMeta:
     """One input or output of a served model (Open Inference Protocol metadata)."""
 
-    name: str
-    datatype: str
+    name: Text
+    datatype: Datatype
     #: -1 marks a variable dimension (the batch, a sequence length).
-    shape: tuple[int, ...]
+    shape: tuple[Annotated[int, Field(strict=True, ge=-1)], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_NO_UNKNOWN_FIELDS)
 class ServedModel:
     """Declares that the function's module defines ``infer(inputs, ctx)`` for these tensors."""
 
-    inputs: tuple[TensorMeta, ...]
-    outputs: tuple[TensorMeta, ...]
-    platform: str = "trims"
-    versions: tuple[str, ...] = ("1",)
+    inputs: Annotated[tuple[TensorMeta, ...], Field(min_length=1)]
+    outputs: Annotated[tuple[TensorMeta, ...], Field(min_length=1)]
+    platform: Text = "trims"
+    versions: Annotated[
+        tuple[Annotated[Text, BeforeValidator(_scalar_text)], ...], Field(min_length=1)
+    ] = ("1",)
 
 
-@dataclass(frozen=True)
+_UNIQUE_KEYS = f"self.all(a, self.exists_one(b, {_model_key('b')} == {_model_key('a')}))"
+_ENV_KEYS = f"self.all(k, k.matches('{ENV_NAME}'))"
+
+
+@dataclass(
+    frozen=True,
+    config=ConfigDict(
+        extra="forbid",
+        json_schema_extra={"anyOf": [{"required": ["handler"]}, {"required": ["image"]}]},
+    ),
+)
 class FunctionSpec:
-    name: str
-    #: "module:function" of the HTTP handler; the module may also define init(ctx), infer().
-    handler: str | None = None
-    #: Directory put first on sys.path so the handler module imports from it.
-    code_dir: str | None = None
-    #: Container image that runs the trims worker (docker / kubernetes executors).
-    image: str | None = None
-    models: tuple[ModelRef, ...] = ()
-    resources: Resources = field(default_factory=Resources)
-    scaling: Scaling = field(default_factory=Scaling)
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    #: Executor name ("local", "docker", "kubernetes"); None = the gateway's default.
-    executor: str | None = None
+    name: FunctionName
+    handler: Handler | None = Field(
+        default=None,
+        description="module:function of the HTTP handler; the module may also define "
+        "init(ctx) and infer(inputs, ctx). It must be a file or package in code_dir (or one of "
+        "the project's benchmark modules, trims.kernels.* / trims.evaluation.*)",
+    )
+    code_dir: CodeDir | None = Field(
+        default=None,
+        description="absolute directory put first on sys.path so the handler module imports "
+        "from it; no '..', no system or trims directory (checked at deploy)",
+        json_schema_extra={"not": {"pattern": DOT_DOT}},
+    )
+    image: Text | None = Field(
+        default=None,
+        description="container image that runs the trims worker (docker, kubernetes executors)",
+    )
+    models: tuple[ModelRef, ...] = Field(
+        default=(),
+        max_length=MAX_MODELS,
+        json_schema_extra=cel_rule(
+            _UNIQUE_KEYS, "two models have the same key; give one of them an 'alias'"
+        ),
+    )
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    scaling: Scaling = dataclasses.field(default_factory=Scaling)
+    env: Annotated[
+        Mapping[EnvName, EnvValue], AfterValidator(_frozen), PlainSerializer(_plain_dict)
+    ] = Field(
+        default_factory=lambda: MappingProxyType({}),
+        max_length=MAX_ENV,
+        json_schema_extra=cel_rule(_ENV_KEYS, "env keys must be environment variable names"),
+    )
+    config: Annotated[
+        Mapping[str, Any], AfterValidator(_json_copy), PlainSerializer(_plain_dict)
+    ] = Field(
+        default_factory=lambda: MappingProxyType({}),
+        description="free-form JSON the handler reads as ctx.config",
+    )
+    executor: ExecutorName | None = Field(
+        default=None,
+        description="executor name (local, docker, kubernetes); default: the gateway's. The "
+        "gateway checks at deploy that it has such an executor",
+    )
     serves: ServedModel | None = None
-    #: The Python environment the local executor runs the function in, by the name the
-    #: gateway's settings give it (``--environment mxnet=/venv/bin/python``); None = the
-    #: gateway's own interpreter. Checked at deploy.
-    environment: str | None = None
+    environment: EnvironmentName | None = Field(
+        default=None,
+        description="the Python environment the local executor runs the function in, by the "
+        "name the gateway declares (--environment NAME=PYTHON); default: the gateway's own "
+        "interpreter. Checked at deploy",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> FunctionSpec:
+        if self.handler is None and self.image is None:
+            raise rule_error(
+                "handler", "a function needs a handler ('module:function') or an image"
+            )
+        keys = [m.key for m in self.models]
+        dup = next((k for k in keys if keys.count(k) > 1), None)
+        if dup is not None:
+            raise rule_error("models", f"{dup!r} is listed twice; give one of them an 'alias'")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form; ``parse_spec(spec.to_dict()) == spec``."""
-        out: dict[str, Any] = {"name": self.name}
-        for key in ("handler", "code_dir", "image", "executor", "environment"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        if self.models:
-            out["models"] = [_drop_none(vars(m)) for m in self.models]
-        out["resources"] = _drop_none(vars(self.resources))
-        out["scaling"] = dict(vars(self.scaling))
-        if self.env:
-            out["env"] = dict(self.env)
-        if self.config:
-            out["config"] = json.loads(json.dumps(dict(self.config)))
-        if self.serves is not None:
-            out["serves"] = {
-                "inputs": [_tensor_dict(t) for t in self.serves.inputs],
-                "outputs": [_tensor_dict(t) for t in self.serves.outputs],
-                "platform": self.serves.platform,
-                "versions": list(self.serves.versions),
-            }
+        out: dict[str, Any] = _ADAPTER.dump_python(self, mode="json", exclude_none=True)
+        for key in ("models", "env", "config"):
+            if not out.get(key):
+                out.pop(key, None)
         return out
 
 
-def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def _tensor_dict(t: TensorMeta) -> dict[str, Any]:
-    return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-
-
-def _fail(path: str, what: str, value: Any) -> ValidationError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return ValidationError(f"{path}: {what}, got {shown}", field=path)
-
-
-def _mapping(value: Any, path: str, allowed: frozenset[str] | None = None) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _fail(path, "must be an object", value)
-    if allowed is not None:
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            name = unknown[0] if path == "spec" else f"{path}.{unknown[0]}"
-            raise ValidationError(
-                f"{name}: unknown field; allowed: {', '.join(sorted(allowed))}", field=name
-            )
-    return value
-
-
-def _str(value: Any, path: str, pattern: re.Pattern[str] | None = None, hint: str = "") -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail(path, "must be a non-empty string", value)
-    if pattern is not None and not pattern.fullmatch(value):
-        raise _fail(path, f"must be {hint}", value)
-    return value
-
-
-def _opt_str(data: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = data.get(key)
-    return None if value is None else _str(value, f"{path}{key}")
-
-
-def _int(value: Any, path: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(path, f"must be an integer >= {minimum}", value)
-    return value
-
-
-def _number(value: Any, path: str, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(path, "must be a number", value)
-    if positive and value <= 0:
-        raise _fail(path, "must be > 0", value)
-    return float(value)
-
-
-def _size(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise _fail(path, "must be a size in bytes or a string like '512MiB'", value)
-    try:
-        size = parse_size(value)
-    except ValidationError as e:
-        raise ValidationError(f"{path}: {e.message}", field=path) from e
-    if size <= 0:
-        raise _fail(path, "must be > 0", value)
-    return size
-
-
-def _model(value: Any, path: str) -> ModelRef:
-    allowed = frozenset({"name", "version", "source", "framework", "tier", "alias"})
-    data = _mapping(value, path, allowed)
-    raw_name = data.get("name")
-    if not isinstance(raw_name, str) or not MODEL_NAME_RE.fullmatch(raw_name):
-        raise _fail(
-            f"{path}.name",
-            "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
-            raw_name,
-        )
-    version = data.get("version")
-    if version is not None and not VERSION_RE.fullmatch(str(version)):
-        raise _fail(
-            f"{path}.version", "must be 1-64 letters, digits, '.', '_', '+' or '-'", version
-        )
-    try:
-        name = validate_model_name(raw_name)
-        if version is not None:
-            version = validate_version(str(version))
-    except ValidationError as e:
-        raise ValidationError(f"{path}: {e.message}", field=path) from e
-    alias = data.get("alias")
-    if alias is not None:
-        alias = _str(alias, f"{path}.alias", MODEL_NAME_RE, "a name like the model's")
-    framework = data.get("framework", "numpy")
-    if framework not in FRAMEWORKS:
-        raise _fail(f"{path}.framework", f"must be one of {', '.join(FRAMEWORKS)}", framework)
-    tier = data.get("tier", "cpu")
-    if tier not in TIERS:
-        raise _fail(f"{path}.tier", f"must be one of {', '.join(TIERS)}", tier)
-    return ModelRef(
-        name=name,
-        version=version,
-        source=_opt_str(data, "source", f"{path}."),
-        framework=framework,
-        tier=tier,
-        alias=alias,
-    )
-
-
-def _resources(value: Any) -> Resources:
-    data = _mapping(value, "resources", frozenset({"cpus", "memory", "memory_bytes", "gpus"}))
-    memory = data.get("memory_bytes", data.get("memory"))
-    cpus = data.get("cpus")
-    return Resources(
-        cpus=None if cpus is None else _number(cpus, "resources.cpus"),
-        memory_bytes=None if memory is None else _size(memory, "resources.memory"),
-        gpus=_int(data.get("gpus", 0), "resources.gpus", 0),
-    )
-
-
-def _scaling(value: Any) -> Scaling:
-    names = frozenset(Scaling.__dataclass_fields__)
-    data = _mapping(value, "scaling", names)
-    d = Scaling()
-    s = Scaling(
-        min_instances=_int(data.get("min_instances", d.min_instances), "scaling.min_instances", 0),
-        max_instances=_int(data.get("max_instances", d.max_instances), "scaling.max_instances", 1),
-        concurrency=_int(data.get("concurrency", d.concurrency), "scaling.concurrency", 1),
-        queue_size=_int(data.get("queue_size", d.queue_size), "scaling.queue_size", 0),
-        idle_timeout_s=_number(
-            data.get("idle_timeout_s", d.idle_timeout_s), "scaling.idle_timeout_s"
-        ),
-        request_timeout_s=_number(
-            data.get("request_timeout_s", d.request_timeout_s), "scaling.request_timeout_s"
-        ),
-        max_body_bytes=_size(
-            data.get("max_body_bytes", d.max_body_bytes), "scaling.max_body_bytes"
-        ),
-    )
-    if s.min_instances > s.max_instances:
-        raise ValidationError(
-            f"scaling.min_instances: must not exceed scaling.max_instances "
-            f"({s.max_instances}), got {s.min_instances}",
-            field="scaling.min_instances",
-        )
-    return s
-
-
-def _tensor(value: Any, path: str) -> TensorMeta:
-    data = _mapping(value, path, frozenset({"name", "datatype", "shape"}))
-    datatype = data.get("datatype")
-    if datatype not in DATATYPES:
-        raise _fail(f"{path}.datatype", f"must be one of {', '.join(DATATYPES)}", datatype)
-    shape = data.get("shape")
-    if not isinstance(shape, list | tuple):
-        raise _fail(f"{path}.shape", "must be a list of integers (-1 for any size)", shape)
-    dims = tuple(_int(d, f"{path}.shape[{i}]", -1) for i, d in enumerate(shape))
-    return TensorMeta(name=_str(data.get("name"), f"{path}.name"), datatype=datatype, shape=dims)
-
-
-def _tensors(value: Any, path: str) -> tuple[TensorMeta, ...]:
-    if not isinstance(value, list | tuple) or not value:
-        raise _fail(path, "must be a non-empty list of tensors", value)
-    return tuple(_tensor(v, f"{path}[{i}]") for i, v in enumerate(value))
-
-
-def _serves(value: Any) -> ServedModel:
-    data = _mapping(value, "serves", frozenset({"inputs", "outputs", "platform", "versions"}))
-    versions = data.get("versions", ["1"])
-    if not isinstance(versions, list | tuple) or not versions:
-        raise _fail("serves.versions", "must be a non-empty list of strings", versions)
-    return ServedModel(
-        inputs=_tensors(data.get("inputs"), "serves.inputs"),
-        outputs=_tensors(data.get("outputs"), "serves.outputs"),
-        platform=_str(data.get("platform", "trims"), "serves.platform"),
-        versions=tuple(_str(str(v), f"serves.versions[{i}]") for i, v in enumerate(versions)),
-    )
-
-
-def _env(value: Any) -> Mapping[str, str]:
-    data = _mapping(value, "env")
-    out: dict[str, str] = {}
-    for key, v in data.items():
-        _str(key, f"env.{key}", ENV_NAME_RE, "an environment variable name")
-        if not isinstance(v, str | int | float) or isinstance(v, bool):
-            raise _fail(f"env.{key}", "must be a string", v)
-        out[key] = str(v)
-    return MappingProxyType(out)
-
-
-def _config(value: Any) -> Mapping[str, Any]:
-    data = _mapping(value, "config")
-    try:
-        copied = json.loads(json.dumps(dict(data)))
-    except (TypeError, ValueError) as e:
-        raise ValidationError(f"config: must be JSON-serializable ({e})", field="config") from e
-    return MappingProxyType(copied)
-
-
-_EXECUTOR_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
-
-
-def _executor(value: Any) -> str | None:
-    """An executor name; the gateway checks at deploy that it has such an executor (it may have
-    more than the built-in local, docker and kubernetes)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _EXECUTOR_RE.fullmatch(value):
-        raise _fail(
-            "executor", "must be an executor name such as local, docker or kubernetes", value
-        )
-    return value
-
-
-def environment_name(value: Any) -> str | None:
-    """An environment name; the gateway checks at deploy that its settings declare it."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _EXECUTOR_RE.fullmatch(value):
-        raise _fail(
-            "environment",
-            "must be an environment name the gateway declares, such as mxnet "
-            "(1-63 lowercase letters, digits or '-', starting with a letter)",
-            value,
-        )
-    return value
-
-
-def _code_dir(value: Any) -> str | None:
-    """An absolute path without ``..`` components; whether it exists and may hold code is
-    checked at deploy (``trims.runtime.gateway.code_rules``), where the host is known."""
-    if value is None:
-        return None
-    path = _str(value, "code_dir")
-    if len(path) > 4096 or not path.isprintable():
-        raise _fail("code_dir", "must be a printable path of at most 4096 characters", value)
-    if not path.startswith("/"):
-        raise _fail(
-            "code_dir", "must be an absolute path (a spec file's relative one is resolved)", value
-        )
-    if ".." in path.split("/"):
-        raise _fail("code_dir", "must not contain '..' components", value)
-    return path
+_ADAPTER: pydantic.TypeAdapter[FunctionSpec] = pydantic.TypeAdapter(FunctionSpec)
 
 
 def parse_spec(data: Mapping[str, Any]) -> FunctionSpec:
     """Validate ``data`` and build the spec; ValidationError names the first bad field."""
-    data = _mapping(data, "spec", SPEC_KEYS)
-    name = _str(
-        data.get("name"), "name", FUNCTION_NAME_RE,
-        "1-63 lowercase letters, digits or '-', starting and ending with a letter or digit",
-    )  # fmt: skip
-    handler = data.get("handler")
-    if handler is not None:
-        handler = _str(handler, "handler", HANDLER_RE, "'module:function' (e.g. 'handler:handle')")
-    image = _opt_str(data, "image", "")
-    if handler is None and image is None:
-        raise ValidationError(
-            "handler: a function needs a handler ('module:function') or an image", field="handler"
-        )
-    models_raw = data.get("models", [])
-    if not isinstance(models_raw, list | tuple):
-        raise _fail("models", "must be a list of models", models_raw)
-    models = tuple(_model(m, f"models[{i}]") for i, m in enumerate(models_raw))
-    keys = [m.key for m in models]
-    if len(set(keys)) != len(keys):
-        dup = next(k for k in keys if keys.count(k) > 1)
-        raise ValidationError(
-            f"models: {dup!r} is listed twice; give one of them an 'alias'", field="models"
-        )
-    serves = data.get("serves")
-    return FunctionSpec(
-        name=name,
-        handler=handler,
-        code_dir=_code_dir(data.get("code_dir")),
-        image=image,
-        models=models,
-        resources=_resources(data.get("resources", {})),
-        scaling=_scaling(data.get("scaling", {})),
-        env=_env(data.get("env", {})),
-        config=_config(data.get("config", {})),
-        executor=_executor(data.get("executor")),
-        serves=None if serves is None else _serves(serves),
-        environment=environment_name(data.get("environment")),
-    )
+    if not isinstance(data, Mapping):
+        raise ValidationError(f"spec: must be an object, got {type(data).__name__}", field="spec")
+    try:
+        return _ADAPTER.validate_python(dict(data))
+    except pydantic.ValidationError as e:
+        raise describe_errors(e, FunctionSpec) from None
+
+
+def environment_name(value: Any) -> str | None:
+    """An environment name; the gateway checks at deploy that its settings declare it."""
+    try:
+        return _ENVIRONMENT.validate_python(value)
+    except pydantic.ValidationError as e:
+        raise describe_errors(e, FunctionSpec, root="environment") from None
+
+
+_ENVIRONMENT: pydantic.TypeAdapter[str | None] = pydantic.TypeAdapter(EnvironmentName | None)
 
 
 def _resolve_source(model: Any, base: Path) -> Any:

@@ -2,7 +2,8 @@
 
 Every route the gateway registers is described here (a test compares the two); errors on every
 operation share the ``Error`` schema. The function spec schema is the functions package's
-:data:`FUNCTION_SCHEMA`, so the document and the parser cannot drift apart.
+:data:`FUNCTION_SCHEMA`, generated from the spec's typed model, so the document and the parser
+cannot drift apart.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import copy
 from typing import Any
 
 from trims import __version__
-from trims.runtime.functions.spec import DATATYPES, FUNCTION_SCHEMA
+from trims.runtime.functions.schema import FUNCTION_SCHEMA
+from trims.runtime.functions.spec import DATATYPES
 from trims.runtime.gateway.pipelines import NAME_RE, PIPELINE_SCHEMA
 
 

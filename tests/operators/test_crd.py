@@ -15,7 +15,7 @@ import yaml
 from trims.errors import ValidationError
 from trims.operators.crd import API_VERSION, KIND, crd_manifest, structural
 from trims.operators.reconcile import function_spec
-from trims.runtime.functions.spec import FUNCTION_SCHEMA
+from trims.runtime.functions.schema import FUNCTION_SCHEMA
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -126,3 +126,15 @@ def test_structural_rejects_what_it_cannot_express() -> None:
     schema["properties"]["x"] = {"oneOf": [{"type": "boolean"}, {"type": "array"}]}
     with pytest.raises(ValueError, match="oneOf"):
         structural(schema)
+    keys = {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}}
+    with pytest.raises(ValueError, match="propertyNames"):
+        structural({"type": "object", "properties": {"labels": keys}})
+
+
+def test_int_or_string_keeps_the_bounds_of_both_branches() -> None:
+    size = {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": "^[1-9]"}]}
+    assert structural(size) == {
+        "x-kubernetes-int-or-string": True,
+        "minimum": 1,
+        "pattern": "^[1-9]",
+    }

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pydantic
 import pytest
 
 from trims.errors import ValidationError
-from trims.runtime.functions.spec import FUNCTION_SCHEMA, load_spec_file, parse_spec
+from trims.runtime.functions.schema import FUNCTION_SCHEMA
+from trims.runtime.functions.spec import FunctionSpec, load_spec_file, parse_spec
 
 FULL: dict[str, Any] = {
     "name": "resnet",
@@ -140,3 +143,24 @@ def test_spec_file_refuses_dot_dot_in_a_relative_code_dir(tmp_path: Path) -> Non
     path.write_text("name: demo\nhandler: handler:handler\ncode_dir: ../../etc\n")
     with pytest.raises(ValidationError, match=r"function\.yaml: code_dir: must not contain '\.\.'"):
         load_spec_file(path)
+
+
+def test_specs_are_frozen_dataclasses_that_validate_whenever_built() -> None:
+    spec = parse_spec({"name": "fn", "handler": "handler:handler", "env": {"A": 1}})
+    assert spec.env == {"A": "1"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        spec.env["B"] = "2"  # type: ignore[index]
+    assert dataclasses.replace(spec.scaling, min_instances=2).min_instances == 2
+    with pytest.raises(pydantic.ValidationError):
+        dataclasses.replace(spec.scaling, min_instances=9)
+    assert FunctionSpec(name="fn", handler="handler:handler", env={"A": "1"}) == spec
+
+
+def test_errors_list_the_fields_a_section_allows() -> None:
+    with pytest.raises(ValidationError) as err:
+        parse_spec({"name": "fn", "handler": "h:h", "models": [{"name": "m", "colour": 1}]})
+    assert err.value.message == (
+        "models[0].colour: unknown field; allowed: alias, framework, name, source, tier, version"
+    )
