@@ -14,6 +14,10 @@ pytest_plugins = [
     "tests.fixtures.unprivileged",
     "tests.fixtures.otlp",
     "tests.fixtures.postgres",
+    "tests.fixtures.docker",
+    "tests.fixtures.kube_api",
+    "tests.fixtures.gateway",
+    "tests.fixtures.cloud",
 ]
 
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import socket
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fixtures.cloud import CREDENTIALS, serve_files
 from trims.daemon.tiers.cloud import fetch, is_remote
 from trims.errors import (
     CorruptModel,
@@ -26,132 +22,6 @@ from trims.errors import (
 )
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-class _FileServer(ThreadingHTTPServer):
-    daemon_threads = True
-    files: dict[str, bytes]
-    cut: bool
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _FileServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the tests assert on outcomes, not on access logs."""
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        if path in _SLOW:
-            _SLOW[path](self)
-            return
-        if path.startswith("/status/"):
-            code = int(path.rsplit("/", 1)[1])
-            self.send_response(code)
-            if 300 <= code < 400:
-                self.send_header("Location", path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        if path.startswith("/redirect/"):
-            self.send_response(302)
-            target = path.removeprefix("/redirect")
-            self.send_header("Location", _FOREIGN.get(target, target))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        body = self.server.files.get(path.removeprefix("/chunked"))
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        if path.startswith("/chunked"):
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for start in range(0, len(body), 65536):
-                part = body[start : start + 65536]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
-            return
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.server.cut:
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_RDWR)
-            self.close_connection = True
-            return
-        self.wfile.write(body)
-
-
-#: ``/redirect/<key>`` targets on other schemes.
-_FOREIGN = {
-    "/ftp": "ftp://127.0.0.1/m.bin",
-    "/file": "file:///etc/passwd",
-    "/s3": "s3://models/m.bin",
-    "/FILE": "FILE:///etc/passwd",
-    "/file-no-slashes": "file:/etc/passwd",
-}
-
-
-def _trickle(handler: _Handler, head: bytes) -> None:
-    """Send ``head`` then one byte about every 0.2 s until the client goes away."""
-    try:
-        handler.wfile.write(head)
-        for _ in range(10_000):
-            handler.wfile.write(b"x")
-            handler.wfile.flush()
-            time.sleep(0.2)  # pacing the trickle, not ordering the test
-    except OSError:
-        pass
-    handler.close_connection = True
-
-
-def _silent(handler: _Handler) -> None:
-    """Send the headers of a 10-byte body, then nothing until the client closes."""
-    handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
-    handler.wfile.flush()
-    with contextlib.suppress(OSError):
-        handler.rfile.read(1)
-    handler.close_connection = True
-
-
-_SLOW: dict[str, Any] = {
-    "/trickle": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"),
-    "/trickle-chunked": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
-    "/trickle-headers": lambda h: _trickle(h, b"HTTP/1.1 200 OK\r\nX-Slow: "),
-    "/silent": _silent,
-}
-
-
-@contextlib.contextmanager
-def serve_files(files: dict[str, bytes], *, cut: bool = False) -> Iterator[str]:
-    """A real HTTP server on 127.0.0.1 (port 0) serving ``files``; yields its base URL.
-
-    ``/status/<code>`` answers that status, ``/redirect/<path>`` redirects to ``<path>``
-    (``/redirect/ftp``, ``/file``, ``/s3`` to such URLs), ``/trickle`` sends a byte every
-    0.2 s (``/trickle-chunked`` without a length, ``/trickle-headers`` inside a header),
-    ``/silent`` sends headers and then nothing,
-    ``/chunked/<path>`` sends without Content-Length; ``cut`` sends half of each body and
-    closes the connection.
-    """
-    server = _FileServer(("127.0.0.1", 0), _Handler)
-    server.files, server.cut = files, cut
-    thread = threading.Thread(
-        target=server.serve_forever, args=(0.05,), name="test-http", daemon=True
-    )
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def _fetch(source: str, dest: Path, **kw: Any) -> None:
@@ -305,41 +175,6 @@ def test_existing_destination_is_kept(tmp_path: Path) -> None:
     with serve_files({"/m.bin": PAYLOAD}) as base, pytest.raises(FileExistsError):
         _fetch(base + "/m.bin", dest)
     assert dest.read_bytes() == b"mine"
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[str]:
-    """A real moto S3 server on 127.0.0.1 for this module; yields its endpoint URL."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in CREDENTIALS.items():
-            mp.setenv(key, value)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
-
-
-@pytest.fixture
-def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
-    """A fresh bucket ``models`` on the module's S3 server; yields (endpoint, client)."""
-    import boto3
-
-    for key, value in CREDENTIALS.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.create_bucket(Bucket="models")
-    yield s3_server, client
-    for item in client.list_objects_v2(Bucket="models").get("Contents", []):
-        client.delete_object(Bucket="models", Key=item["Key"])
-    client.delete_bucket(Bucket="models")
 
 
 def test_s3_download(tmp_path: Path, s3: tuple[str, Any]) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
-from tests.daemon.test_cloud import s3, s3_server, serve_files
+from tests.fixtures.cloud import serve_files
 from trims.daemon.ingest import DownloadLimits, ingest
 from trims.daemon.tiers.disk import DiskTier
 from trims.errors import (
@@ -28,7 +28,6 @@ torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
 
 LIMIT = 1 << 30
-__all__ = ["s3", "s3_server"]  # the S3 fixtures, used by name
 
 
 @pytest.fixture

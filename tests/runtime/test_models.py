@@ -37,9 +37,9 @@ def test_torch_module_is_identical_from_store_and_file(
     admin: StoreClient, store_daemon: DaemonProcess, tmp_path: Path, caplog: Any
 ) -> None:
     torch = pytest.importorskip("torch")
-    from tests.runtime.adapters.test_torch import SmallCNN, _trained_cnn
+    from tests.fixtures.torch_models import SmallCNN, trained_cnn
 
-    reference = _trained_cnn()
+    reference = trained_cnn()
     source = tmp_path / "cnn.pt"
     torch.save(reference.state_dict(), source)
     admin.add("cnn", source)
@@ -61,7 +61,7 @@ def test_onnx_session_is_identical_from_store_and_file(
     pytest.importorskip("onnxruntime")
     import onnx
 
-    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from tests.fixtures.models import small_cnn
 
     source = tmp_path / "cnn.onnx"
     onnx.save(small_cnn(), source)
@@ -139,7 +139,7 @@ def test_mxnet_executor_is_identical_from_store_and_file(
     tmp_path: Path,
 ) -> None:
     mx = pytest.importorskip("mxnet")
-    from tests.runtime.adapters.test_mxnet import export_gluon_cnn
+    from tests.fixtures.models import export_gluon_cnn
 
     symbol, params = export_gluon_cnn(tmp_path)
     admin.add("mxcnn", params)

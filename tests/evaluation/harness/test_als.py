@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.evaluation.harness.test_sut import ONNX_HANDLER, start_gateway
-from tests.runtime.gateway.conftest import RunningGateway
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.models import ONNX_HANDLER
 from trims.evaluation.harness import prepare
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
@@ -22,8 +22,6 @@ from trims.evaluation.harness.manifest_run import (
     metric_predictions,
     run_manifest,
 )
-
-__all__ = ["start_gateway"]
 
 pytest.importorskip("recbole", reason="the movielens-100k dataset ships in the recbole wheel")
 

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from tests.fixtures.docker import docker_client, docker_executor, runtime_image
 from tests.fixtures.store import DaemonProcess
 from trims.evaluation.db import ResultsDB
 from trims.evaluation.harness.loadgen import LoadGenSettings
@@ -32,8 +31,6 @@ from trims.evaluation.harness.manifest_run import GatewayTarget, manifest_model_
 from trims.evaluation.harness.results import record_evaluation
 from trims.runtime.client import StoreClient
 from trims.runtime.executors.docker import LABEL_FUNCTION
-
-__all__ = ["docker_client", "docker_executor", "runtime_image"]
 
 pytestmark = pytest.mark.docker
 

@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.gateway import RunningGateway
 from tests.fixtures.unprivileged import writable_by_functions
-from tests.runtime.gateway.conftest import RunningGateway, start_gateway
 from trims.errors import ValidationError
 from trims.evaluation.harness import function
 from trims.evaluation.harness.results import list_evaluations
 
 runtime_functions = pytest.importorskip("trims.runtime.functions")
 
-__all__ = ["start_gateway"]
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "evaluate" / "function.yaml"
 #: A short digits-mlp evaluation: both modes, Offline, every one of its 450 test digits.

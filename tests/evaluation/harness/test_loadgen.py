@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.evaluation.harness.test_sut import samples, tiny_mlp, tiny_mlp_reference
+from tests.fixtures.models import samples, tiny_mlp, tiny_mlp_reference
 from trims.errors import TrimsError, ValidationError
 from trims.evaluation.harness.loadgen import (
     SCENARIOS,

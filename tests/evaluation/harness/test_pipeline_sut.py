@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fixtures.gateway import RunningGateway
 from tests.fixtures.store import DaemonProcess
-from tests.runtime.gateway.conftest import RunningGateway, start_gateway
 from trims.errors import NotFound
 from trims.evaluation.harness.datasets import digits
 from trims.evaluation.harness.loadgen import LoadGenSettings
@@ -24,8 +24,6 @@ from trims.evaluation.harness.pipeline_sut import PipelineSUT, example_specs
 from trims.evaluation.harness.prepare import build
 from trims.evaluation.harness.run import SampleSet, ScenarioRun, run_scenario
 from trims.evaluation.harness.sut import DirectSUT
-
-__all__ = ["start_gateway"]
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "pipelines" / "digits"
 EVALUATION_KEYS = {

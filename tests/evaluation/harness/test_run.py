@@ -10,21 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.evaluation.harness.test_sut import (
-    ONNX_HANDLER,
-    samples,
-    start_gateway,
-    tiny_mlp,
-    tiny_mlp_reference,
-)
-from tests.runtime.gateway.conftest import RunningGateway
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.models import ONNX_HANDLER, samples, tiny_mlp, tiny_mlp_reference
 from trims.errors import ValidationError
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest_run import run_manifest
 from trims.evaluation.harness.run import SampleSet, run_scenario
 from trims.evaluation.harness.sut import DirectSUT, GatewaySUT, onnx_function_spec
-
-__all__ = ["start_gateway"]
 
 TINY = LoadGenSettings(min_duration_ms=300, min_query_count=16, offline_expected_qps=200.0)
 

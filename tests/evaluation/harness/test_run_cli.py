@@ -17,14 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.evaluation.harness.test_sut import start_gateway
-from tests.runtime.gateway.conftest import RunningGateway
+from tests.fixtures.gateway import RunningGateway
 from trims.cli import main
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import load_manifest, shipped_manifest_paths
 from trims.evaluation.harness.manifest_run import GatewayTarget, run_manifest
-
-__all__ = ["start_gateway"]
 
 REPO = Path(__file__).parents[3]
 SHORT = ["--min-duration", "0.3", "--min-queries", "16"]

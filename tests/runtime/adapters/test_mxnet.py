@@ -21,6 +21,7 @@ from trims.runtime.mapping import HostMapping
 
 pytestmark = pytest.mark.mxnet
 mx = pytest.importorskip("mxnet")
+from tests.fixtures.models import export_gluon_cnn  # noqa: E402
 from trims.runtime.adapters import mxnet as mx_adapter  # noqa: E402
 
 MakeModel = Callable[..., HostMapping]
@@ -30,24 +31,6 @@ def _data_ptr(nd: Any) -> int:
     ptr = ctypes.c_void_p()
     mx.base.check_call(mx.base._LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
     return int(ptr.value or 0)
-
-
-def export_gluon_cnn(folder: Path) -> tuple[Any, Path]:
-    """A trained-looking Gluon CNN with BatchNorm, exported to symbol + params files."""
-    mx.random.seed(0)
-    net = mx.gluon.nn.HybridSequential()
-    with net.name_scope():
-        net.add(mx.gluon.nn.Conv2D(8, 3, padding=1), mx.gluon.nn.BatchNorm())
-        net.add(mx.gluon.nn.Activation("relu"), mx.gluon.nn.Dense(10))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.ones((1, 3, 8, 8)))
-    for name, p in net.collect_params().items():
-        if name.endswith(("running_mean", "running_var")):
-            p.set_data(mx.nd.random.uniform(0.5, 1.5, p.shape))
-    prefix = str(folder / "net")
-    net.export(prefix)
-    return mx.sym.load(prefix + "-symbol.json"), Path(prefix + "-0000.params")
 
 
 @pytest.fixture

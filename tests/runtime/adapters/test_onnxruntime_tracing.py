@@ -14,15 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.runtime.adapters.test_onnxruntime import (
-    MakeModel,
-    _anonymous_kib,
-    small_cnn,
-    store_layout,
-)
+from tests.fixtures.models import MakeModel, anonymous_kib, small_cnn, store_layout
 from trims.tracing.active import ActiveTrace, activate, current
 from trims.tracing.levels import Level
 
+pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from trims.runtime.adapters import onnxruntime as ort_adapter  # noqa: E402
 
@@ -107,10 +103,10 @@ def test_the_twin_maps_the_same_weights(make_model: MakeModel, profile_dir: Path
     x = _x()[:1]
     plain = shared.run(None, {"x": x})[0]
     trace = ActiveTrace(Level.LAYER, process="worker 7")
-    before = _anonymous_kib()
+    before = anonymous_kib()
     with activate(trace):
         traced = shared.run(None, {"x": x})[0]
-        grown = _anonymous_kib() - before
+        grown = anonymous_kib() - before
     trace.close()
     assert grown < weights_kib // 4, f"the twin allocated {grown} KiB for {weights_kib} KiB"
     assert traced.tobytes() == plain.tobytes()

@@ -11,21 +11,10 @@ from trims.errors import ValidationError
 from trims.runtime.mapping import HostMapping
 
 torch = pytest.importorskip("torch")
+from tests.fixtures.torch_models import SmallCNN, trained_cnn  # noqa: E402
 from trims.runtime.adapters import torch as torch_adapter  # noqa: E402
 
 MakeModel = Callable[..., HostMapping]
-
-
-class SmallCNN(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.bn(self.conv(x)))
-        return self.fc(h.flatten(1))
 
 
 def _state_arrays(module: torch.nn.Module) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -37,15 +26,6 @@ def _state_arrays(module: torch.nn.Module) -> tuple[dict[str, np.ndarray], dict[
         else:
             arrays[name] = t.numpy()
     return arrays, dtypes
-
-
-def _trained_cnn() -> SmallCNN:
-    torch.manual_seed(0)
-    model = SmallCNN()
-    with torch.no_grad():
-        model.bn.running_mean.uniform_(-1, 1)
-        model.bn.running_var.uniform_(0.5, 2)
-    return model.eval()
 
 
 def test_tensors_view_the_mapping_with_real_dtypes(make_model: MakeModel) -> None:
@@ -71,7 +51,7 @@ def test_tensors_view_the_mapping_with_real_dtypes(make_model: MakeModel) -> Non
 
 
 def test_load_module_assigns_the_mapped_weights(make_model: MakeModel) -> None:
-    reference = _trained_cnn()
+    reference = trained_cnn()
     arrays, dtypes = _state_arrays(reference)
     mapping = make_model(arrays, dtypes=dtypes, framework="torch")
     module = torch_adapter.load_module(SmallCNN, mapping)
@@ -85,7 +65,7 @@ def test_load_module_assigns_the_mapped_weights(make_model: MakeModel) -> None:
 
 
 def test_load_module_names_missing_weights(make_model: MakeModel) -> None:
-    arrays, _ = _state_arrays(_trained_cnn())
+    arrays, _ = _state_arrays(trained_cnn())
     del arrays["fc.bias"]
     mapping = make_model(arrays, framework="torch")
     with pytest.raises(ValidationError, match=r"fc\.bias"):

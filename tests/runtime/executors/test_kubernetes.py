@@ -8,11 +8,13 @@ settings are checked field by field.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from trims.config import format_size
 from trims.errors import UpstreamError, ValidationError
 from trims.runtime.executors.kubernetes import describe_pod_end, pending_reason
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
@@ -302,3 +304,135 @@ async def test_api_errors_become_trims_errors(
     with pytest.raises(NotFound):
         await other.stop(first)
     await other.close()
+
+
+# -- how the node ends a pod, as the fake kubelet reports it, in the executor's words ----------
+
+UP = "def handler(request, ctx):\n    return b'up'\n"
+MEMORY = 64 << 20
+
+
+async def _running(
+    kube_api: Any,
+    make_function: Callable[..., FunctionSpec],
+    name: str,
+    code: str = UP,
+    **spec: Any,
+) -> tuple[Any, Any, str]:
+    """A ready instance of ``name``, its executor and its pod's name."""
+    executor = _executor(kube_api)
+    instance = await executor.start(make_function(code, name=name, **spec), f"{name}-1")
+    await instance.wait_ready(60)
+    return executor, instance, f"trims-{name}-{name}-1"
+
+
+async def test_an_oom_killed_pod_says_out_of_memory_with_its_limit(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor, instance, pod = await _running(
+        kube_api, make_function, "big", resources={"memory_bytes": MEMORY}
+    )
+    kube_api.oom_kill("fns", pod)
+    limit = MEMORY + executor.settings.memory_overhead_bytes
+    with pytest.raises(UpstreamError) as e:
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert e.value.message == (
+        f"instance big-1 of big died: out of memory (container limit {format_size(limit)}): "
+        "the kernel OOM-killed the container"
+    )
+    await executor.close()
+    assert kube_api.pods == {}
+
+
+async def test_a_sigkill_from_outside_is_named_and_hints_at_the_memory_limit(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor, instance, pod = await _running(
+        kube_api, make_function, "capped", resources={"memory_bytes": MEMORY}
+    )
+    kube_api.kill("fns", pod, signal.SIGKILL)
+    with pytest.raises(
+        UpstreamError, match=r"capped died: killed by SIGKILL \(possibly out of mem"
+    ):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert instance.exit_reason.startswith("killed by SIGKILL")
+    await executor.close()
+
+
+async def test_a_signal_without_a_memory_limit_is_just_named(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor, instance, pod = await _running(kube_api, make_function, "plain")
+    kube_api.kill("fns", pod, signal.SIGKILL)
+    with pytest.raises(UpstreamError) as e:
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert e.value.message == "instance plain-1 of plain died: killed by SIGKILL"
+    await executor.close()
+
+
+async def test_an_exit_code_is_reported_as_is(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    code = "import os\n\ndef handler(request, ctx):\n    os._exit(3)\n"
+    executor, instance, _ = await _running(kube_api, make_function, "quits", code)
+    with pytest.raises(UpstreamError) as e:
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    assert e.value.message == "instance quits-1 of quits died: exited with code 3"
+    await executor.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="describe_pod_end reads the worker's terminated state (exit 137) before the pod's "
+    "Evicted reason, so an evicted pod reads 'killed by SIGKILL' and the kubelet's message "
+    "is lost (runtime/executors/kubernetes.py; reported to the lead)",
+)
+async def test_an_evicted_pod_says_evicted_with_the_kubelets_message(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    executor, instance, pod = await _running(kube_api, make_function, "evicted")
+    message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi."
+    try:
+        kube_api.evict("fns", pod, message)
+        with pytest.raises(UpstreamError) as e:
+            await instance.invoke(b"", {}, timeout=30, trace={})
+        assert e.value.message == f"instance evicted-1 of evicted died: pod evicted: {message}"
+    finally:
+        await executor.close()
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_pull_error(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    image = "registry.example/missing:1"
+    kube_api.image_pull_errors[image] = f'rpc error: pull access denied for "{image}"'
+    executor = _executor(kube_api)
+    instance = await executor.start(make_function(UP, name="nopull", image=image), "nopull-1")
+    with pytest.raises(UpstreamError) as e:
+        await instance.wait_ready(60)
+    assert e.value.message == (
+        "instance nopull-1 of nopull died: container cannot start: ImagePullBackOff: "
+        f'rpc error: pull access denied for "{image}"'
+    )
+    await executor.close()
+    assert kube_api.pods == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="describe_pod_end ignores initContainerStatuses: a pod whose injected init container "
+    "failed reads 'pod failed: no message' (runtime/executors/kubernetes.py; reported to the lead)",
+)
+async def test_a_failed_init_container_is_named_with_its_message(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    kube_api.init_container_failure = ("mesh-init", 1, "iptables: permission denied")
+    executor = _executor(kube_api)
+    instance = await executor.start(make_function(UP, name="meshed"), "meshed-1")
+    try:
+        with pytest.raises(UpstreamError) as e:
+            await instance.wait_ready(60)
+        assert "mesh-init" in e.value.message
+        assert "iptables: permission denied" in e.value.message
+    finally:
+        await executor.close()

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tests.runtime.gateway.conftest import ADMIN, echo_spec
+from tests.fixtures.gateway import ADMIN, echo_spec
 from trims.errors import ValidationError
 from trims.runtime.settings import Token, load_tokens, parse_tokens
 

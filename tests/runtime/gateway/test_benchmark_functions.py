@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.fixtures.gateway import ADMIN
 from tests.fixtures.unprivileged import writable_by_functions
-from tests.runtime.gateway.conftest import ADMIN
 
 
 async def test_kernel_study_and_model_analysis_as_functions(start_gateway, tmp_path: Path):

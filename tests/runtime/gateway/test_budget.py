@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.runtime.gateway.conftest import echo_spec, pid_alive
+from tests.fixtures.gateway import echo_spec, pid_alive
 
 
 async def test_at_the_limit_the_least_recently_used_idle_instance_makes_room(start_gateway):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.gateway.conftest import RunningGateway
+from tests.fixtures.gateway import RunningGateway
 from trims.runtime.functions import ClientError
 
 STRICT = """

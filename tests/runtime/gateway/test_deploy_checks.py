@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.runtime.gateway.conftest import FUNCS, RunningGateway, echo_spec
+from tests.fixtures.gateway import FUNCS, RunningGateway, echo_spec
 
 StartGateway = Callable[..., Awaitable[RunningGateway]]
 

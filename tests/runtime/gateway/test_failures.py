@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 
-from tests.runtime.gateway.conftest import echo_spec, pid_alive
+from tests.fixtures.gateway import echo_spec, pid_alive
 
 
 async def test_queue_overflow_is_429_with_retry_after(start_gateway):

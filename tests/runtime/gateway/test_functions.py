@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.runtime.gateway.conftest import ADMIN, echo_spec
+from tests.fixtures.gateway import ADMIN, echo_spec
 
 
 async def test_deploy_invoke_list_get_delete(start_gateway):

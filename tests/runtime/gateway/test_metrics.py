@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.gateway.conftest import RunningGateway, echo_spec
+from tests.fixtures.gateway import RunningGateway, echo_spec
 
 StartGateway = Callable[..., Awaitable[RunningGateway]]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry import trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.gateway.conftest import echo_spec
+from tests.fixtures.gateway import echo_spec
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from tests.runtime.gateway.conftest import echo_spec
+from tests.fixtures.gateway import doubler_spec, echo_spec
 from trims.oip import HEADER_LENGTH, platform_of
 
 W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
@@ -111,21 +111,6 @@ async def test_json_infer_and_clear_400s(start_gateway, start_daemon):
         assert r.status == 404
     async with gw.session.get(f"{gw.url}/v2/models/linear/versions/7") as r:
         assert r.status == 404 and "no version '7'" in (await r.json())["error"]
-
-
-def doubler_spec(name: str = "doubler", *, with_bytes: bool = False) -> dict[str, object]:
-    """A served model with no store model: y = 2x, raw (non-UTF-8 BYTES), t = s when asked."""
-    spec = echo_spec(name, "oipfuncs:handler")
-    inputs = [{"name": "x", "datatype": "FP32", "shape": [-1]}]
-    outputs = [
-        {"name": "y", "datatype": "FP32", "shape": [-1]},
-        {"name": "raw", "datatype": "BYTES", "shape": [1]},
-    ]
-    if with_bytes:
-        inputs.append({"name": "s", "datatype": "BYTES", "shape": [-1]})
-        outputs.append({"name": "t", "datatype": "BYTES", "shape": [-1]})
-    spec["serves"] = {"inputs": inputs, "outputs": outputs}
-    return spec
 
 
 def _x(values: list[float], **extra: object) -> dict[str, object]:

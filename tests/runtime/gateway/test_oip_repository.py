@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.runtime.gateway.conftest import ADMIN, echo_spec
-from tests.runtime.gateway.test_oip import doubler_spec
+from tests.fixtures.gateway import ADMIN, doubler_spec, echo_spec
 from trims.runtime.settings import Token
 
 READER = Token("reader-secret-1", frozenset({"read"}), "reader")

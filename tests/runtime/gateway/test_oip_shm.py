@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.runtime.gateway.conftest import ADMIN
-from tests.runtime.gateway.test_oip import doubler_spec
+from tests.fixtures.gateway import ADMIN, doubler_spec
 from trims.runtime.gateway.api_oip_shm import SHM, cuda_available
 from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
 from trims.runtime.gateway.oip_shm import MAX_REGIONS_PER_OWNER
@@ -144,10 +143,10 @@ def _ownership_and_bounds(url: str) -> None:
             client.register_system_shared_memory("a", _key("a"), 64, headers=alice)
             # Bob sees nothing of Alice's, cannot use, unregister or re-register her key.
             assert client.get_system_shared_memory_status(headers=bob) == []
-            assert "no shared-memory region named 'a'" in _error(
+            assert "no system shared-memory region named 'a'" in _error(
                 client.get_system_shared_memory_status, "a", headers=bob
             )
-            assert "no shared-memory region named 'a'" in _error(
+            assert "no system shared-memory region named 'a'" in _error(
                 client.unregister_system_shared_memory, "a", headers=bob
             )
             assert "registered by another caller" in _error(
@@ -156,7 +155,7 @@ def _ownership_and_bounds(url: str) -> None:
             xin = httpclient.InferInput("x", [4], "FP32")
             xin.set_shared_memory("a", 16)
             out = httpclient.InferRequestedOutput("y")
-            assert "no shared-memory region named 'a'" in _error(
+            assert "no system shared-memory region named 'a'" in _error(
                 client.infer, "doubler", [xin], outputs=[out], headers=bob
             )
             result = client.infer("doubler", [xin], outputs=[out], headers=alice)
@@ -384,7 +383,7 @@ def _cuda_round_trip(url: str, opened: list[_HostBuffer]) -> None:
         result = client.infer("doubler", [xin], outputs=[yout], headers=alice)
         assert result.get_output("y")["parameters"]["shared_memory_region"] == "dev"
         np.testing.assert_array_equal(np.frombuffer(buffer.read(32, 16), np.float32), x * 2)
-        assert "no shared-memory region named 'dev'" in _error(
+        assert "no system shared-memory region named 'dev'" in _error(
             client.infer, "doubler", [xin], outputs=[yout], headers=bob
         )
         past = httpclient.InferInput("x", [4], "FP32")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.runtime.gateway.conftest import echo_spec
+from tests.fixtures.gateway import echo_spec
 
 #: Operations schemathesis drives. Deploying random specs is left out on purpose: a valid random
 #: spec may ask for hundreds of min_instances; the functions tests cover deploy and update.

@@ -9,7 +9,7 @@ import base64
 import json
 from typing import Any
 
-from tests.runtime.gateway.conftest import RunningGateway, echo_spec
+from tests.fixtures.gateway import RunningGateway, echo_spec
 
 BINARY = bytes(range(256))
 #: echo's answer carries the request's content type; "headers" (a dict) is labelled

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from tests.runtime.gateway.conftest import RunningGateway, echo_spec
+from tests.fixtures.gateway import RunningGateway, echo_spec
 from trims.evaluation.harness.pipeline_sut import parse_server_timing
 from trims.runtime.gateway.invocations import Outcome
 from trims.runtime.gateway.pipelines import ENVELOPE_TYPE, server_timing

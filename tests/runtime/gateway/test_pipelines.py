@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.runtime.gateway.conftest import echo_spec
+from tests.fixtures.gateway import echo_spec
 from trims.errors import ValidationError
 from trims.runtime.gateway.pipelines import parse_pipeline
 

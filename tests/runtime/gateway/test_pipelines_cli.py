@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.runtime.gateway.conftest import RunningGateway, echo_spec
+from tests.fixtures.gateway import RunningGateway, echo_spec
 from trims.cli import build_parser
 
 PIPELINE_YAML = """\

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.runtime.gateway.conftest import echo_spec, pid_alive, wait_until
+from tests.fixtures.gateway import echo_spec, pid_alive, wait_until
 from trims.runtime.functions_cli import GatewayClient
 
 

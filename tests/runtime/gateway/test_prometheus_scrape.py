@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.fixtures.gateway import echo_spec
 from tests.fixtures.store import DaemonProcess
-from tests.runtime.gateway.conftest import echo_spec
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.runtime.gateway.conftest import ADMIN, FUNCS, echo_spec, wait_until
+from tests.fixtures.gateway import ADMIN, FUNCS, echo_spec, wait_until
 from trims.errors import ValidationError
 from trims.runtime.functions_cli import GatewayClient
 from trims.runtime.gateway.admin_token import (

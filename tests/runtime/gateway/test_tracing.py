@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.gateway.conftest import ADMIN, RunningGateway
+from tests.fixtures.gateway import ADMIN, RunningGateway
 from trims.runtime.settings import Token
 from trims.tracing.levels import Level
 from trims.tracing.spans import Span, Trace
@@ -383,7 +383,7 @@ async def test_an_onnx_runtime_function_from_the_store_shows_its_node_spans(
     worker_tmp: Path,
 ) -> None:
     onnx = pytest.importorskip("onnx")
-    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from tests.fixtures.models import small_cnn
     from trims.runtime.client import StoreClient
 
     daemon = start_daemon()

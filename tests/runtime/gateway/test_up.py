@@ -12,7 +12,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tests.runtime.gateway.conftest import PRELOAD, pid_alive, wait_until
+from tests.fixtures.gateway import PRELOAD, pid_alive, wait_until
 from trims.runtime.functions_cli import GatewayClient
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -76,6 +76,8 @@ def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
         url = re.search(r"trims gateway ready url=(\S+)", text).group(1)
         daemon_pid = int(re.search(r"store daemon started \(pid (\d+)", text).group(1))
         assert f"curl -d hello {url}/v1/functions/echo/invoke" in text
+        # Not the default address: the banner says how to point the CLI at it.
+        assert f"export TRIMS_GATEWAY_URL={url}" in text and f"{url}/ui/" in text
         # Deploying the examples used the generated admin token; invoking needs none.
         token_file = tmp_path / "state" / "trims" / "gateway" / "auth" / "admin-token"
         assert f"admin token in {token_file}" in text

@@ -96,7 +96,7 @@ def test_a_trims_onnx_runtime_session_gives_the_layer_spans_under_the_model_span
 ) -> None:
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from tests.fixtures.models import small_cnn
     from trims.runtime.direct import DirectModel
 
     path = tmp_path / "cnn.onnx"
@@ -136,7 +136,7 @@ def test_an_onnx_runtime_session_built_by_hand_is_named_as_why_layers_are_missin
 ) -> None:
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    from tests.runtime.adapters.test_onnxruntime import small_cnn
+    from tests.fixtures.models import small_cnn
 
     session = ort.InferenceSession(
         small_cnn().SerializeToString(), providers=["CPUExecutionProvider"]
