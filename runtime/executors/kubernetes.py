@@ -69,9 +69,23 @@ FATAL_WAITING = frozenset(
 
 
 def describe_pod_end(pod: Mapping[str, Any], *, memory_limit: int | None) -> str | None:
-    """Why a pod (as a dict) ended or can never start; None while it runs or may yet start."""
+    """Why a pod (as a dict) ended or can never start; None while it runs or may yet start.
+
+    The pod's own verdict comes first where it says more than its containers: an eviction
+    (the kubelet kills the worker, whose exit 137 would read "killed by SIGKILL") and a failed
+    init container (a service mesh's, say: the worker never ran).
+    """
     status = pod.get("status") or {}
     phase = status.get("phase")
+    if phase == "Failed" and status.get("reason") == "Evicted":
+        return f"pod evicted: {status.get('message') or 'no message'}"
+    for cs in status.get("initContainerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if terminated and int(terminated.get("exitCode", 0)) != 0:
+            return (
+                f"init container {cs.get('name', '?')} failed with exit code "
+                f"{terminated.get('exitCode')}: {terminated.get('message') or 'no message'}"
+            )
     for cs in status.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in FATAL_WAITING:

@@ -381,12 +381,6 @@ async def test_an_exit_code_is_reported_as_is(
     await executor.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="describe_pod_end reads the worker's terminated state (exit 137) before the pod's "
-    "Evicted reason, so an evicted pod reads 'killed by SIGKILL' and the kubelet's message "
-    "is lost (runtime/executors/kubernetes.py; reported to the lead)",
-)
 async def test_an_evicted_pod_says_evicted_with_the_kubelets_message(
     kube_api: Any, make_function: Callable[..., FunctionSpec]
 ) -> None:
@@ -418,11 +412,6 @@ async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_pull_erro
     assert kube_api.pods == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="describe_pod_end ignores initContainerStatuses: a pod whose injected init container "
-    "failed reads 'pod failed: no message' (runtime/executors/kubernetes.py; reported to the lead)",
-)
 async def test_a_failed_init_container_is_named_with_its_message(
     kube_api: Any, make_function: Callable[..., FunctionSpec]
 ) -> None:
