@@ -247,7 +247,9 @@ async def test_mxnet_on_gateway(
     assert python is not None
     doc = yaml.safe_load(shipped("squeezenet-mxnet").read_text())
     doc["dataset"]["samples"] = 3
-    path = tmp_path / "squeezenet-mxnet-small.yaml"
+    # A short name: the instance's socket path (under tmp_path) must fit AF_UNIX's 108 bytes.
+    doc["name"] = "sq-mx"
+    path = tmp_path / "sq-mx.yaml"
     path.write_text(yaml.safe_dump(doc))
     manifest = load_manifest(path)
     gw = await start_gateway(environments={"mxnet": python})
@@ -273,7 +275,7 @@ async def test_mxnet_on_gateway(
         np.testing.assert_allclose(
             over_http.run.outputs[i]["softmaxout_1"], out["softmaxout_1"], rtol=1e-4, atol=1e-6
         )
-    status, _ = await gw.get_json("/v1/functions/eval-squeezenet-mxnet")
+    status, _ = await gw.get_json("/v1/functions/eval-sq-mx")
     assert status == 404, "the evaluation removes the function it deployed"
 
 
