@@ -14,17 +14,20 @@ find the pods again; ``close()`` deletes every pod this executor made.
 
 The pod objects come from :mod:`trims.runtime.kubernetes_objects` (plain dicts, no client call),
 which the operator uses for its Deployments too. The client calls block, so they run in
-threads; each instance has a task polling its pod until it ends (``exit_reason`` from the
-container's terminated state: OOMKilled, exit code, signal; or the pod's eviction/deletion).
+threads; one watch per executor follows its pods (Note [one watch per executor]) and tells
+each instance how its pod ended (``exit_reason`` from the container's terminated state:
+OOMKilled, exit code, signal; or the pod's eviction, a failed init container, its deletion).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -48,6 +51,7 @@ from trims.runtime.executors.base import (
 )
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.kubernetes_objects import (
+    LABEL_EXECUTOR,
     KubernetesExecutorSettings,
     pod_manifest,
 )
@@ -59,7 +63,6 @@ T = TypeVar("T")
 
 #: Where a pod learns its namespace when the executor runs inside the cluster.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-_POLL_S = 0.5
 
 
 #: Waiting reasons a container does not recover from without a change to the pod or image.
@@ -164,7 +167,7 @@ async def _call(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) ->
 
 
 class KubernetesInstance(WorkerInstance):
-    """One pod; a task polls it until it ends and records why."""
+    """One pod; the executor's pod watch tells it how the pod is doing and why it ended."""
 
     exit_reason: str | None
 
@@ -184,36 +187,17 @@ class KubernetesInstance(WorkerInstance):
             else spec.resources.memory_bytes + executor.settings.memory_overhead_bytes
         )
         self._scheduled = asyncio.Event()
-        self._watch = asyncio.get_running_loop().create_task(
-            self._poll(), name=f"watch-pod-{pod_name}"
-        )
 
-    async def _poll(self) -> None:
-        api = self._executor.core_api
-        namespace = self._executor.namespace
-        while True:
-            try:
-                pod = await _call(
-                    f"read pod {self.pod_name}", api.read_namespaced_pod, self.pod_name, namespace
-                )
-            except NotFound:
-                self._end("pod was deleted")
-                return
-            except Unavailable as e:
-                log.warning("pod %s of %s: %s; retrying", self.pod_name, self.function, e)
-                await asyncio.sleep(_POLL_S * 4)
-                continue
-            data = api.api_client.sanitize_for_serialization(pod)
-            self.pending = pending_reason(data)
-            ip = (data.get("status") or {}).get("podIP")
-            if ip and self.pod_ip is None:
-                self.pod_ip = ip
-                self._scheduled.set()
-            reason = describe_pod_end(data, memory_limit=self._memory_limit)
-            if reason is not None:
-                self._end(reason)
-                return
-            await asyncio.sleep(_POLL_S)
+    def update(self, pod: Mapping[str, Any]) -> None:
+        """The pod as the API server last saw it (a dict): its IP, why it waits, its end."""
+        self.pending = pending_reason(pod)
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and self.pod_ip is None:
+            self.pod_ip = ip
+            self._scheduled.set()
+        reason = describe_pod_end(pod, memory_limit=self._memory_limit)
+        if reason is not None:
+            self._end(reason)
 
     def _end(self, reason: str) -> None:
         super()._end(reason)
@@ -253,7 +237,6 @@ class KubernetesInstance(WorkerInstance):
         except NotFound:
             self._end("pod was deleted")
         await asyncio.wait_for(asyncio.shield(self._ended), grace_s + 30.0)
-        self._watch.cancel()
         await self.close_connection()
 
 
@@ -287,6 +270,9 @@ class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
         self._core: Any = None
         super().__init__()
         self.namespace = settings.namespace or _own_namespace()
+        #: pod name -> instance, for the watch's events.
+        self._by_pod: dict[str, KubernetesInstance] = {}
+        self._watch: _PodWatch | None = None
 
     @property
     def core_api(self) -> Any:
@@ -336,17 +322,109 @@ class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
             body,
         )
         instance = self._track(KubernetesInstance(instance_id, spec, name, self))
+        self._by_pod[name] = instance
+        if self._watch is None:
+            self._watch = _PodWatch(self, asyncio.get_running_loop())
         log.debug("instance %s of %s: pod %s created", instance_id, spec.name, name)
         return instance
+
+    def _pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        """One watch event (in the loop): the pod's instance learns of it."""
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        instance = self._by_pod.get(name)
+        if instance is None:
+            return
+        if kind == "DELETED":
+            instance._end("pod was deleted")
+            self._by_pod.pop(name, None)
+        else:
+            instance.update(pod)
+
+    def _pods_listed(self, names: frozenset[str]) -> None:
+        """A fresh list of this executor's pods (in the loop): an instance whose pod is not in
+        it was deleted while no watch was open."""
+        for name, instance in list(self._by_pod.items()):
+            if name not in names:
+                instance._end("pod was deleted")
+                self._by_pod.pop(name, None)
 
     async def _stop_failed(self, instance: KubernetesInstance, error: BaseException) -> None:
         log.warning("pod %s of %s could not be deleted: %s",
                     instance.pod_name, instance.function, error)  # fmt: skip
 
     async def _release(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        self._by_pod.clear()
         if self._core is not None and self._api_client is None:
             self._core.api_client.close()
         self._core = None
+
+
+class _PodWatch:
+    """Note [one watch per executor]: the pods of one executor (label ``trims.io/executor``)
+    are followed by one list + watch on the API server, in a thread (the client blocks), not
+    one poll per pod. Each round lists the pods (an instance whose pod is missing was deleted
+    while no watch was open), then watches from the list's resourceVersion until the server
+    ends the watch (``timeoutSeconds``) or it fails; failures back off from 0.2 s to 5 s.
+    Events reach the executor in its event loop (``call_soon_threadsafe``)."""
+
+    #: Seconds a watch stays open before the server ends it and a new round starts.
+    WATCH_S = 60
+    BACKOFF_S = (0.2, 5.0)
+
+    def __init__(self, executor: KubernetesExecutor, loop: asyncio.AbstractEventLoop) -> None:
+        self._executor = executor
+        self._loop = loop
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"kubernetes-pod-watch-{executor.id}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the watch (the thread leaves at its next event or when the stream closes)."""
+        self._stopped.set()
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        ex = self._executor
+        api = ex.core_api
+        selector = f"{LABEL_EXECUTOR}={ex.id}"
+        backoff = self.BACKOFF_S[0]
+        while not self._stopped.is_set():
+            try:
+                listed = api.list_namespaced_pod(ex.namespace, label_selector=selector)
+                data = api.api_client.sanitize_for_serialization(listed)
+                for pod in data.get("items") or []:
+                    self._post(ex._pod_event, "MODIFIED", pod)
+                names = frozenset(p["metadata"]["name"] for p in data.get("items") or [])
+                self._post(ex._pods_listed, names)
+                version = (data.get("metadata") or {}).get("resourceVersion")
+                w = watch.Watch()
+                for event in w.stream(
+                    api.list_namespaced_pod, ex.namespace, label_selector=selector,
+                    resource_version=version, timeout_seconds=self.WATCH_S,
+                ):  # fmt: skip
+                    if self._stopped.is_set():
+                        w.stop()
+                        break
+                    pod = api.api_client.sanitize_for_serialization(event["object"])
+                    self._post(ex._pod_event, str(event["type"]), pod)
+                backoff = self.BACKOFF_S[0]
+            except Exception as e:  # the API server's trouble: retried, the executor goes on
+                if self._stopped.is_set():
+                    return
+                log.warning("watching the pods of executor %s: %s; again in %.1f s",
+                            ex.id, e, backoff)  # fmt: skip
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, self.BACKOFF_S[1])
 
 
 def _own_namespace() -> str:

@@ -425,3 +425,21 @@ async def test_a_failed_init_container_is_named_with_its_message(
         assert "iptables: permission denied" in e.value.message
     finally:
         await executor.close()
+
+
+async def test_a_pod_deleted_behind_the_executors_back_ends_its_instance(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    """The executor's one pod watch (no poll per pod) sees the deletion and ends the instance;
+    a second instance of the same executor is untouched."""
+    executor, first, pod = await _running(kube_api, make_function, "gone")
+    second = await executor.start(make_function(UP, name="kept"), "kept-1")
+    try:
+        await second.wait_ready(60)
+        with kube_api._lock:
+            deleted = kube_api.pods.pop(("fns", pod))
+        deleted.stop(0)
+        assert await first.wait_exit_reason(30) in ("pod was deleted", "killed by SIGTERM")
+        assert not first.alive() and second.alive()
+    finally:
+        await executor.close()
