@@ -46,6 +46,12 @@ from trims.errors import ProtocolError
 if TYPE_CHECKING:
     import numpy as np
 
+#: Meta keys of INVOKE, INFER and REPLY frames: one letter on the wire (every request carries
+#: them), a name in the code. The wire format is fixed; these only name its keys.
+META_HEADERS = "h"
+META_TRACE = "t"
+META_STATUS = "s"
+
 HEADER = struct.Struct("!IIB3xI")
 HEADER_SIZE = HEADER.size
 _AFTER_LENGTH = HEADER_SIZE - 4

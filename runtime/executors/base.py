@@ -35,7 +35,15 @@ from trims.errors import (
     ValidationError,
     mapped_errors,
 )
-from trims.runtime.wire import Frame, Kind, decode_arrays, encode_arrays
+from trims.runtime.wire import (
+    META_HEADERS,
+    META_STATUS,
+    META_TRACE,
+    Frame,
+    Kind,
+    decode_arrays,
+    encode_arrays,
+)
 from trims.runtime.worker.client import (
     ConnectionLost,
     WorkerConnection,
@@ -120,8 +128,10 @@ class WorkerInstance(Instance):
     (:meth:`terminate`).
     """
 
-    #: Seconds between connection attempts while the worker is still binding its socket.
-    CONNECT_RETRY_S = 0.002
+    #: Seconds between connection attempts while the worker is still binding its socket: the
+    #: first retry comes at once (a forked worker binds within milliseconds), later ones back
+    #: off to the last value, so a slow start (a container, a pod) is not polled hard.
+    CONNECT_RETRY_S = (0.002, 0.25)
 
     def __init__(self, instance_id: str, function: str, executor: str) -> None:
         self.id = instance_id
@@ -175,18 +185,26 @@ class WorkerInstance(Instance):
 
     async def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        retry_s, most_s = self.CONNECT_RETRY_S
         while self._conn is None:
             if self.exit_reason is not None or not self.alive():
                 raise await self._death()
+            left = deadline - time.monotonic()
             try:
-                self._conn = await WorkerConnection.open(self.address())
-            except OSError:
-                if time.monotonic() > deadline:
+                # Each attempt is bounded by the deadline: a TCP address that drops packets
+                # (a pod IP gone from the network) would otherwise hold the connect for the
+                # kernel's SYN timeout, well past the caller's timeout.
+                self._conn = await asyncio.wait_for(
+                    WorkerConnection.open(self.address()), max(0.001, left)
+                )
+            except (OSError, TimeoutError):
+                if time.monotonic() >= deadline:
                     raise Timeout(
                         f"instance {self.id} of {self.function} did not open "
                         f"{self.address()} within {timeout:.1f} s"
                     ) from None
-                await asyncio.sleep(self.CONNECT_RETRY_S)
+                await asyncio.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
+                retry_s = min(retry_s * 2, most_s)
         try:
             hello = await asyncio.wait_for(
                 self._conn.hello(), max(0.001, deadline - time.monotonic())
@@ -239,19 +257,19 @@ class WorkerInstance(Instance):
         if headers or trace:
             meta = {}
             if headers:
-                meta["h"] = dict(headers)
+                meta[META_HEADERS] = dict(headers)
             if trace:
-                meta["t"] = dict(trace)
+                meta[META_TRACE] = dict(trace)
         frame = await self._request(Kind.INVOKE, meta, body, timeout)
         m = frame.meta
         if not m:
             return Reply(200, _NO_HEADERS, frame.body)
-        return Reply(int(m.get("s", 200)), m.get("h") or _NO_HEADERS, frame.body)
+        return Reply(int(m.get(META_STATUS, 200)), m.get(META_HEADERS) or _NO_HEADERS, frame.body)
 
     async def infer(
         self, inputs: Mapping[str, np.ndarray], *, timeout: float, trace: Mapping[str, str]
     ) -> dict[str, np.ndarray]:
-        meta = {"t": dict(trace)} if trace else None
+        meta = {META_TRACE: dict(trace)} if trace else None
         frame = await self._request(Kind.INFER, meta, encode_arrays(inputs), timeout)
         return decode_arrays(frame.body)
 

@@ -27,7 +27,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trims.errors import NotFound
-from trims.runtime.wire import TRACE_LEVEL, TRACE_REPLY, Kind, decode_arrays, encode_arrays
+from trims.runtime.wire import (
+    META_HEADERS,
+    META_STATUS,
+    META_TRACE,
+    TRACE_LEVEL,
+    TRACE_REPLY,
+    Kind,
+    decode_arrays,
+    encode_arrays,
+)
 from trims.tracing.levels import Level
 from trims.tracing.spans import Span, Trace, nest, new_span_id
 
@@ -110,12 +119,12 @@ class TracedCall:
     ) -> tuple[int, Mapping[str, str], bytes]:
         """The request on ``instance`` with the level in its meta; (status, headers, body)."""
         self._waited(start_window, instance.id)
-        meta: dict[str, Any] = {"h": dict(headers), TRACE_LEVEL: self.level.label}
+        meta: dict[str, Any] = {META_HEADERS: dict(headers), TRACE_LEVEL: self.level.label}
         if carrier:
-            meta["t"] = dict(carrier)
+            meta[META_TRACE] = dict(carrier)
         frame = await self._round_trip(instance, Kind.INVOKE, meta, body, timeout)
         m = frame.meta
-        return int(m.get("s", 200)), m.get("h") or {}, frame.body
+        return int(m.get(META_STATUS, 200)), m.get(META_HEADERS) or {}, frame.body
 
     async def infer(
         self,
@@ -129,7 +138,7 @@ class TracedCall:
         self._waited(start_window, instance.id)
         meta: dict[str, Any] = {TRACE_LEVEL: self.level.label}
         if carrier:
-            meta["t"] = dict(carrier)
+            meta[META_TRACE] = dict(carrier)
         frame = await self._round_trip(instance, Kind.INFER, meta, encode_arrays(inputs), timeout)
         return decode_arrays(frame.body)
 

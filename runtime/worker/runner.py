@@ -30,6 +30,9 @@ from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.errors import ClientError
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.wire import (
+    META_HEADERS,
+    META_STATUS,
+    META_TRACE,
     TRACE_LEVEL,
     TRACE_REPLY,
     Frame,
@@ -41,7 +44,7 @@ from trims.runtime.worker.access import User, check_code
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, EXIT_OUT_OF_MEMORY
 from trims.runtime.worker.imports import TRACING_MODULES, WORKER_MODULES, preimport
 from trims.runtime.worker.loader import FunctionCode, load_code
-from trims.runtime.worker.models import ModelSet, acquire_models, connect_store
+from trims.runtime.worker.model_set import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import Confinement, confine, verify_unprivileged
 from trims.runtime.worker.server import ListenAddress, WorkerServer
@@ -143,7 +146,7 @@ class Worker:
         level = frame.meta.get(TRACE_LEVEL)
         if level is not None:
             return await self._run_traced(frame, str(level))
-        carrier = frame.meta.get("t")
+        carrier = frame.meta.get(META_TRACE)
         if not carrier and not self.settings.otlp_endpoint:
             return await self._dispatch(frame, None)
         parent = _extract(carrier) if carrier else None
@@ -157,7 +160,7 @@ class Worker:
         """A request that asked for a trace: its spans ride back in the reply meta (see
         :mod:`trims.runtime.worker.tracing`); kept apart so untraced requests pay nothing."""
         recorder = RequestTrace(level, self.spec.name, self.settings.instance_id)
-        carrier = frame.meta.get("t")
+        carrier = frame.meta.get(META_TRACE)
         if carrier or self.settings.otlp_endpoint:
             name = f"{'infer' if frame.kind is Kind.INFER else 'handler'} {self.spec.name}"
             with _tracer.start_as_current_span(
@@ -187,7 +190,7 @@ class Worker:
                     infer = recorder.wrap(infer, code.infer_is_async, f"infer {self.spec.name}")
                 result = await self._call(infer, code.infer_is_async, inputs, ctx)
                 return {}, encode_arrays(check_outputs(self.spec.name, result))
-            raw = frame.meta.get("h")
+            raw = frame.meta.get(META_HEADERS)
             headers = {k.lower(): v for k, v in raw.items()} if raw else {}
             request = Request(frame.body, MappingProxyType(headers))
             handler = code.handler
@@ -195,7 +198,11 @@ class Worker:
                 handler = recorder.wrap(handler, code.handler_is_async, f"handler {self.spec.name}")
             result = await self._call(handler, code.handler_is_async, request, ctx)
             status, reply_headers, body = to_reply(self.spec.name, result)
-            meta = {"s": status, "h": reply_headers} if reply_headers or status != 200 else {}
+            meta = (
+                {META_STATUS: status, META_HEADERS: reply_headers}
+                if reply_headers or status != 200
+                else {}
+            )
             return meta, body
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
