@@ -6,8 +6,10 @@ Frozen dataclasses built once in ``trims daemon``'s ``main()`` from argv and the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from pydantic.dataclasses import dataclass
 
 from trims.config import admin_socket_for
 from trims.errors import ValidationError

@@ -10,8 +10,10 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+
+from pydantic.dataclasses import dataclass
 
 from trims.errors import ValidationError
 
