@@ -827,10 +827,19 @@ class ResultsDB:
             return [self._evaluation_record(row) for row in conn.execute(query)]
 
     def get_evaluation(self, ref: int | str) -> EvaluationRecord:
-        """The evaluation with this id (int) or run id prefix (str, at least 4 characters)."""
+        """The evaluation with this id (int) or run id prefix (str, at least 4 characters).
+
+        A run id is hex, so its prefix may be all digits ("40131957"): such a string is the id
+        when an evaluation has it, else the prefix."""
         import sqlalchemy as sa
 
         c = self._evaluations.c
+        if isinstance(ref, str) and ref.isdigit():
+            try:
+                return self.get_evaluation(int(ref))
+            except NotFound:
+                if len(ref) < 4:
+                    raise
         if isinstance(ref, int):
             query = sa.select(self._evaluations).where(c.id == ref)
         elif len(ref) >= 4:

@@ -196,8 +196,7 @@ def _show_text(record: Any) -> str:
 def run_show(args: argparse.Namespace) -> int:
     from trims.evaluation.harness.results import get_evaluation
 
-    ref: int | str = int(args.id) if args.id.isdigit() else args.id
-    record = get_evaluation(_db(args), ref)
+    record = get_evaluation(_db(args), args.id)
     if args.json:
         print(json.dumps(record.to_dict(), indent=2))
     else:

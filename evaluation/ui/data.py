@@ -18,6 +18,8 @@ T = TypeVar("T")
 class DatabaseMissing(NotFound):
     """The results database does not exist (yet): list pages show it as an empty state."""
 
+    code = "database_missing"
+
 
 class Results:
     """One read-only :class:`ResultsDB`, opened when first needed (it may appear after the

@@ -520,3 +520,21 @@ def test_compare_tables_and_plots(results_db_urls: Urls, tmp_path: Any) -> None:
     text = _trims("compare", "--scenario", "single-stream", db=db)
     assert text.returncode == 0, text.stderr
     assert "frameworks side by side: p50 (ms)" in text.stdout and "offline" not in text.stdout
+
+
+def test_a_run_id_prefix_of_digits_only_finds_its_evaluation(open_db: ResultsDB) -> None:
+    """A run id is hex, so its prefix can be all digits ("40131957", as one CI run drew): it is
+    an id only when an evaluation has that id, else the run id prefix."""
+    record = EvaluationRecord(
+        evaluation=_evaluation(),
+        run_id="40131957-aaaa-4bbb-8ccc-123456789abc",
+        created_at=1.0,
+        system_id="s",
+        system={"system_id": "s"},
+        revision="r",
+        dirty=False,
+    )
+    row_id = open_db.put_evaluation(record)
+    assert open_db.get_evaluation("40131957").run_id == record.run_id
+    assert open_db.get_evaluation(str(row_id)).run_id == record.run_id
+    assert open_db.get_evaluation(row_id).run_id == record.run_id
