@@ -326,6 +326,15 @@ def _make_parent(path: str) -> None:
             ) from e
 
 
+#: The results table's columns that hold a :class:`Measurement`, by its field names.
+_MEASUREMENT_FIELDS = ("trimmed_mean_ms", "median_ms", "spread_ms", "min_ms", "reps", "elapsed_s")
+
+
+def _measurement(row: Any) -> Measurement:
+    """A results row (a mapping with the measurement columns) as its Measurement."""
+    return Measurement(**{name: row[name] for name in _MEASUREMENT_FIELDS})
+
+
 class ResultsDB:
     """Store and look up results; ``url`` is an SQLAlchemy URL or a SQLite file path.
 
@@ -507,16 +516,7 @@ class ResultsDB:
                     c.trimmed_mean_ms, c.median_ms, c.spread_ms, c.min_ms, c.reps, c.elapsed_s
                 ).where(*self._where(key))
             ).first()
-        if row is None:
-            return None
-        return Measurement(
-            trimmed_mean_ms=row[0],
-            median_ms=row[1],
-            spread_ms=row[2],
-            min_ms=row[3],
-            reps=row[4],
-            elapsed_s=row[5],
-        )
+        return None if row is None else _measurement(row._mapping)
 
     def put(self, key: ResultKey, result: Measurement, label: str = "") -> None:
         """Store (or replace) the measurement for ``key``."""
@@ -645,14 +645,7 @@ class ResultsDB:
                     batch=m["batch"],
                     variant=m["variant"],
                 ),
-                measurement=Measurement(
-                    trimmed_mean_ms=m["trimmed_mean_ms"],
-                    median_ms=m["median_ms"],
-                    spread_ms=m["spread_ms"],
-                    min_ms=m["min_ms"],
-                    reps=m["reps"],
-                    elapsed_s=m["elapsed_s"],
-                ),
+                measurement=_measurement(m),
                 label=m["label"],
                 created_at=m["created_at"],
             )
