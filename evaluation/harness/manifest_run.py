@@ -488,7 +488,6 @@ def _run_pipeline(
 ) -> ManifestRun:
     """The manifest's model served by its shipped pipeline (``pipeline_sut.PIPELINES``),
     end to end: raw samples (e.g. PNGs) in, the pipeline's answer out, each stage timed."""
-    from trims.evaluation.harness.accuracy import score
     from trims.evaluation.harness.manifest import file_sha256
     from trims.evaluation.harness.pipeline_sut import PipelineSUT, pipeline_example, pipeline_specs
 
@@ -504,18 +503,38 @@ def _run_pipeline(
     sut = PipelineSUT.deploy(
         gateway.url, functions, pipeline, token=gateway.token, content_type=example.content_type
     )
-    try:
-        run = run_scenario(sut, samples, scenario, mode, settings, batch=batch, workers=workers)
-    finally:
-        sut.close()
-    value = None
-    if run.accuracy is not None and manifest.accuracy is not None and samples.labels is not None:
-        predictions = metric_predictions(manifest, run.predictions())
-        value = score(manifest.accuracy.metric, predictions, samples.labels, manifest.accuracy.k)
+    run, value = _run_and_score(
+        manifest, sut, samples, scenario, mode, settings, batch=batch, workers=workers
+    )
     return ManifestRun(
         manifest, version, "pipeline", run, value, len(inputs), model_digest=file_sha256(path),
         batch=batch, threads=threads, settings=settings,
     )  # fmt: skip
+
+
+def _run_and_score(
+    manifest: Manifest,
+    sut: Any,
+    samples: SampleSet,
+    scenario: str,
+    mode: str,
+    settings: Any,
+    *,
+    batch: int,
+    workers: int,
+) -> tuple[ScenarioRun, float | None]:
+    """Run ``scenario`` on ``sut`` (closed afterwards), then the manifest's metric over the
+    accuracy run's predictions when there is one, with real labels."""
+    from trims.evaluation.harness.accuracy import score
+
+    try:
+        run = run_scenario(sut, samples, scenario, mode, settings, batch=batch, workers=workers)
+    finally:
+        sut.close()
+    if run.accuracy is None or manifest.accuracy is None or samples.labels is None:
+        return run, None
+    predictions = metric_predictions(manifest, run.predictions())
+    return run, score(manifest.accuracy.metric, predictions, samples.labels, manifest.accuracy.k)
 
 
 def run_manifest(
@@ -544,7 +563,6 @@ def run_manifest(
     runs (by the manifest's name). ``threads``: intra-op threads (direct) or the function's
     cores and threads (gateway). Accuracy is computed only for real weights with labels.
     """
-    from trims.evaluation.harness.accuracy import score
 
     if sut_kind == "gateway" and gateway is None:
         raise ValidationError("a gateway system under test needs the gateway (GatewayTarget)")
@@ -566,14 +584,9 @@ def run_manifest(
         manifest, sut_kind, work_dir=work_dir, gateway=gateway, socket_path=socket_path,
         threads=threads, mxnet_python=mxnet_python,
     )  # fmt: skip
-    try:
-        run = run_scenario(sut, samples, scenario, mode, settings, batch=batch, workers=workers)
-    finally:
-        sut.close()
-    value = None
-    if run.accuracy is not None and manifest.accuracy is not None and samples.labels is not None:
-        predictions = metric_predictions(manifest, run.predictions())
-        value = score(manifest.accuracy.metric, predictions, samples.labels, manifest.accuracy.k)
+    run, value = _run_and_score(
+        manifest, sut, samples, scenario, mode, settings, batch=batch, workers=workers
+    )
     return ManifestRun(
         manifest, version, sut_kind, run, value, len(samples.inputs),
         model_digest=digest, batch=batch, threads=threads, settings=settings,
