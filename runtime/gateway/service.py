@@ -147,9 +147,11 @@ class Gateway:
             roots=self.settings.code_roots,
             on_host=executor_name not in IMAGE_CODE_EXECUTORS,
         )
-        executor.check(spec)
-        if executor_name not in IMAGE_CODE_EXECUTORS:
-            await asyncio.to_thread(check_models, spec, self.settings.store_socket)
+        # Off the event loop, in one hop: the executor's check may fork (the local executor
+        # reads the code as its workers' user) or ask the Docker Engine for an image's label,
+        # and the models' check may ask the store.
+        on_host = executor_name not in IMAGE_CODE_EXECUTORS
+        await asyncio.to_thread(_check_deploy, executor, spec, on_host, self.settings.store_socket)
         pool = Pool(spec, executor, self.metrics, budget=self.budget)
         self.pools[spec.name] = pool
         pool.start()
@@ -402,6 +404,16 @@ class Gateway:
 
     def _pending_counts(self) -> dict[str, int]:
         return {name: pool.pending for name, pool in self.pools.items()}
+
+
+def _check_deploy(
+    executor: Executor, spec: FunctionSpec, on_host: bool, store_socket: Path | None
+) -> None:
+    """What a deploy checks that may block: the executor's own check, then, where the files
+    are on this host, that every model can be had from the store or from its source."""
+    executor.check(spec)
+    if on_host:
+        check_models(spec, store_socket)
 
 
 def _batch(inputs: Mapping[str, np.ndarray]) -> int:
