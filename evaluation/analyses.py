@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from trims.config import results_db
 from trims.evaluation.families import FAMILIES
+from trims.evaluation.measure import Z95
 from trims.tables import text_table
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,11 @@ class AnalyzeSettings:
     force: bool
     max_time_s: float
     min_reps: int
-    target_rel: float
+    #: bricks: half-width of the 95% confidence interval asked of each model's time, measured
+    #: and estimated, as a fraction of it
+    precision: float
+    #: the fast, rough run (``--quick``): looser precision and budgets, labelled in the output
+    quick: bool
     progress: bool
     mxnet_python: str | None
     #: models given as ONNX protos rather than by name (the function's store models), by name
@@ -67,17 +72,21 @@ def make_settings(
     granularity: str | Sequence[int] = "1,5,20",
     db: str | None = None,
     force: bool = False,
-    max_time: float = 0.5,
+    max_time: float | None = None,
     min_reps: int | None = None,
-    target_rel: float = 0.02,
+    precision: float | None = None,
+    quick: bool = False,
     progress: bool = False,
     mxnet_python: str | None = None,
     provided: Mapping[str, Any] | None = None,
 ) -> AnalyzeSettings:
     """Settings from the forms people write: comma-separated text or lists, and defaults.
 
-    ``min_reps`` defaults to 7 (3 for bricks, which then follow ``target_rel``); each
-    ONNX Runtime variant gets the thread count.
+    ``min_reps`` defaults to 7 (3 for bricks, which then follow ``precision``); ``max_time``
+    (seconds per benchmark) to 0.5 (bricks: 60, a guard: their precision decides); bricks'
+    ``precision`` to 0.02 (each model's time to +-2% at 95% confidence). ``quick`` trades
+    accuracy for time: bricks to +-5% with at most 2 s per benchmark. Each ONNX Runtime
+    variant gets the thread count.
     """
     from trims.errors import ValidationError
 
@@ -93,8 +102,8 @@ def make_settings(
         ("threads", threads, 1, 256),
         ("batch", batch, 1, 1024),
         ("min_reps", 1 if min_reps is None else min_reps, 1, 100_000),
-        ("max_time", max_time, 1e-3, 3600.0),
-        ("target_rel", target_rel, 1e-4, 0.5),
+        ("max_time", 1.0 if max_time is None else max_time, 1e-3, 3600.0),
+        ("precision", 0.02 if precision is None else precision, 1e-3, 0.5),
     ):
         if not low <= value <= high:
             raise ValidationError(f"{what} must be between {low} and {high}, got {value!r}")
@@ -118,13 +127,21 @@ def make_settings(
         granularities=sizes,
         db=db if db is not None else results_db(os.environ),
         force=force,
-        max_time_s=max_time,
+        max_time_s=max_time if max_time is not None else _default_max_time(analysis, quick),
         min_reps=min_reps or (3 if analysis == "bricks" else 7),
-        target_rel=target_rel,
+        precision=precision if precision is not None else (0.05 if quick else 0.02),
+        quick=quick,
         progress=progress,
         mxnet_python=mxnet_python,
         provided=dict(provided or {}),
     )
+
+
+def _default_max_time(analysis: str, quick: bool) -> float:
+    """Seconds per benchmark: a guard for bricks (their precision decides), the budget else."""
+    if analysis != "bricks":
+        return 0.5
+    return 2.0 if quick else 60.0
 
 
 def _no_plots(folder: Path) -> list[Path]:
@@ -379,11 +396,11 @@ def bricks(settings: AnalyzeSettings) -> Report:
             bencher,
             list(settings.granularities),
             lambda items, desc: progress(items, desc, settings.progress),
-            settings.target_rel,
+            settings.precision / Z95,
         )
     finally:
         db.close()
-    text: list[str] = []
+    text = [_bricks_heading(settings)]
     for s in studies:
         text.append(
             f"\nG={s.granularity}: {s.unique_bricks} unique of {s.total_bricks} bricks; "
@@ -391,24 +408,12 @@ def bricks(settings: AnalyzeSettings) -> Report:
             f"({s.time_whole_s / max(s.time_bricks_s, 1e-9):.2f}x); run-time sharing "
             f"{s.sharing:.2f}x (the most bricks can save when both sides run alike)"
         )
-        text.append(
-            table(
-                ["model", "bricks", "measured ms", "estimated ms", "error %"],
-                [[m.name, m.bricks, m.measured_ms, m.estimated_ms, m.error_pct] for m in s.models],
-            )
-        )
+        text.append(_estimates_table(s.models))
+        text.append(_verdicts(s.models))
     main = studies[0]
     body: dict[str, Any] = {
         "granularity": main.granularity,
-        "models": [
-            {
-                "name": m.name,
-                "measured_ms": m.measured_ms,
-                "estimated_ms": m.estimated_ms,
-                "error_pct": m.error_pct,
-            }
-            for m in main.models
-        ],
+        "models": [_estimate_json(m) for m in main.models],
         "time_whole_s": main.time_whole_s,
         "time_bricks_s": main.time_bricks_s,
         "by_granularity": [
@@ -416,31 +421,96 @@ def bricks(settings: AnalyzeSettings) -> Report:
                 "granularity": s.granularity,
                 "unique_bricks": s.unique_bricks,
                 "total_bricks": s.total_bricks,
+                "time_whole_s": s.time_whole_s,
                 "time_bricks_s": s.time_bricks_s,
                 "unique_bricks_ms": s.unique_bricks_ms,
                 "sharing": s.sharing,
-                "models": [
-                    {
-                        "name": m.name,
-                        "estimated_ms": m.estimated_ms,
-                        "error_pct": m.error_pct,
-                        "bricks": m.bricks,
-                    }
-                    for m in s.models
-                ],
+                "models": [_estimate_json(m) for m in s.models],
             }
             for s in studies
         ],
         "variant": settings.variants[0],
         "batch": settings.batch,
         "min_reps": settings.min_reps,
-        "target_rel": settings.target_rel,
+        "max_time_s": settings.max_time_s,
+        "precision": settings.precision,
+        "confidence": 0.95,
+        "quick": settings.quick,
     }
 
     def draw(folder: Path) -> list[Path]:
         return [plots.estimation_error(studies, folder / "evaluation_bricks_error.png")]
 
     return Report(body, "\n".join(text), draw)
+
+
+#: the accuracy line a brick estimate is judged against, in percent
+LIMIT_PCT = 10.0
+
+
+def _bricks_heading(settings: AnalyzeSettings) -> str:
+    precision = f"each model's time, measured and estimated, to +-{settings.precision:.1%}"
+    line = f"{precision} at 95% confidence (budget {settings.max_time_s:g} s per benchmark)"
+    if settings.quick:
+        return f"QUICK RUN (rough, not for comparison): {line}"
+    return line
+
+
+def _estimates_table(models: Sequence[Any]) -> str:
+    return table(
+        ["model", "bricks", "measured ms", "estimated ms", "corrected", "error %", "95% CI", "10%"],
+        [
+            [
+                m.name,
+                m.bricks,
+                f"{m.measured_ms:.2f} +-{Z95 * m.measured_se_ms:.2f}",
+                f"{m.estimated_ms:.2f} +-{Z95 * m.estimated_se_ms:.2f}",
+                f"{m.correction_pct:.1f}%",
+                m.error_pct,
+                "[{:+.1f}, {:+.1f}]".format(*m.error_ci_pct),
+                m.verdict(LIMIT_PCT) + ("" if m.precise else " (imprecise)"),
+            ]
+            for m in models
+        ],
+    )
+
+
+def _verdicts(models: Sequence[Any]) -> str:
+    counts = {
+        v: [m.name for m in models if m.verdict(LIMIT_PCT) == v]
+        for v in ("within", "straddles", "outside")
+    }
+    line = f"within {LIMIT_PCT:g}%: {len(counts['within'])} of {len(models)}" + "".join(
+        f"; {v}: {', '.join(names)}" for v, names in counts.items() if v != "within" and names
+    )
+    imprecise = [m.name for m in models if not m.precise]
+    if imprecise:
+        line += f"; budget spent before the precision asked: {', '.join(imprecise)}"
+    return line
+
+
+def _estimate_json(m: Any) -> dict[str, Any]:
+    lo, hi = m.error_ci_pct
+    return {
+        "name": m.name,
+        "bricks": m.bricks,
+        "measured_ms": m.measured_ms,
+        "measured_ci_ms": _interval(m.measured_ms, m.measured_se_ms),
+        "estimated_ms": m.estimated_ms,
+        "estimated_ci_ms": _interval(m.estimated_ms, m.estimated_se_ms),
+        "error_pct": m.error_pct,
+        "error_ci_pct": [lo, hi],
+        "within_10pct": m.verdict(LIMIT_PCT),
+        "raw_ms": m.raw_ms,
+        "overhead_ms": m.overhead_ms,
+        "layout_ms": m.layout_ms,
+        "correction_pct": m.correction_pct,
+        "precise": m.precise,
+    }
+
+
+def _interval(value: float, se: float) -> list[float]:
+    return [value - Z95 * se, value + Z95 * se]
 
 
 #: analysis name -> the function that runs it

@@ -12,14 +12,15 @@ latencies less the fixed per-run overhead each brick run paid and the whole mode
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from trims.evaluation import submodel
-from trims.evaluation.measure import Measurement
+from trims.evaluation import ort_backend, submodel
+from trims.evaluation.measure import Z95, Measurement
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,11 +29,30 @@ if TYPE_CHECKING:
     from trims.evaluation.generator import Bencher, Benchmark
     from trims.evaluation.ir import ModelIR
     from trims.evaluation.measure import Sampler
+    from trims.evaluation.ort_backend import LayoutEnds
 
 
 #: a brick holds at most one run of these: a new one starts a new brick, so repeated
 #: conv/FC stages (VGG's conv3_2..conv3_4) line up and deduplicate
 _HEAVY = frozenset({"Conv", "Gemm", "MatMul"})
+#: what ONNX Runtime's CPU graph optimizations fold into the heavy op before them (BN and
+#: constant scale/shift into the weights, the activations and a residual add into the
+#: convolution's epilogue, an Add after MatMul into a Gemm): a brick boundary between them
+#: would time two kernels where the model runs one (nn-Meter's "kernel detection")
+_FUSES_INTO_HEAVY = frozenset(
+    {
+        "BatchNormalization",
+        "Mul",
+        "Add",
+        "Sum",
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "Sigmoid",
+        "HardSigmoid",
+        "Tanh",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +65,8 @@ class Brick:
 
 
 def cut_points(ir: ModelIR) -> list[int]:
-    """Layer indices k such that exactly one activation is live between layer k and k + 1."""
+    """Layer indices k such that exactly one activation is live between layer k and k + 1,
+    and layers k and k + 1 are not parts of one fused kernel (:func:`fused_kernels`)."""
     n = len(ir.layers)
     producer: dict[str, int] = {}
     last_use: dict[str, int] = {}
@@ -65,7 +86,15 @@ def cut_points(ir: ModelIR) -> list[int]:
             continue
         for k in range(max(start, 0), min(end, n)):
             live[k] += 1
-    return [k for k in range(n - 1) if live[k] == 1]
+    inside = {k for chain in fused_kernels(ir) for k in range(min(chain), max(chain))}
+    return [k for k in range(n - 1) if live[k] == 1 and k not in inside]
+
+
+def fused_kernels(ir: ModelIR) -> list[list[int]]:
+    """Layers the framework runs as one kernel: a Conv/Gemm/MatMul and what it fuses after it."""
+    from trims.evaluation.generator import fusion_chains
+
+    return fusion_chains(ir, heads=_HEAVY, fusible=_FUSES_INTO_HEAVY)
 
 
 def segments(ir: ModelIR) -> list[list[int]]:
@@ -122,9 +151,31 @@ def unique_bricks(per_model: dict[str, list[Brick]]) -> dict[str, Brick]:
     return out
 
 
-def reconstruct(bricks: list[Brick], times_ms: dict[str, float], overhead_ms: float) -> float:
-    """Estimated model latency: brick times less their per-run overhead, plus one overhead."""
-    return sum(max(times_ms[b.signature] - overhead_ms, 0.0) for b in bricks) + overhead_ms
+def reconstruct(
+    bricks: list[Brick], times_ms: Mapping[str, float], overhead_ms: float, layout_ms: float = 0.0
+) -> float:
+    """Estimated model latency: brick times less the fixed cost each brick run paid beyond the
+    one the whole model pays, less the layout conversions the bricks did at their boundaries."""
+    return sum(times_ms[b.signature] for b in bricks) - (len(bricks) - 1) * overhead_ms - layout_ms
+
+
+def boundary_conversions(
+    bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]
+) -> list[tuple[int, ...]]:
+    """Shapes of the tensors at brick boundaries that the bricks convert out of and back into
+    ONNX Runtime's blocked layout (one brick converts its output, the next its input), where
+    the whole model keeps the blocked layout and converts nothing."""
+    shapes: list[tuple[int, ...]] = []
+    for before, after in itertools.pairwise(bricks):
+        a, b = layouts.get(before.signature), layouts.get(after.signature)
+        if a is not None and b is not None and a.converts_output and b.converts_input:
+            shapes.append(a.output_shape)
+    return shapes
+
+
+def reorder_key(shape: tuple[int, ...]) -> str:
+    """The study's (and results database's) name for the conversion benchmark of ``shape``."""
+    return "reorder:" + "x".join(str(d) for d in shape)
 
 
 def compose(ir: ModelIR, bricks: list[Brick]) -> onnx.ModelProto:
@@ -150,18 +201,62 @@ def compose(ir: ModelIR, bricks: list[Brick]) -> onnx.ModelProto:
     return out
 
 
+#: the study's key for the fixed-cost (empty model) benchmark
+EMPTY = "empty"
+
+
 @dataclass
 class BrickEstimate:
-    """One model's measured latency against its brick reconstruction."""
+    """One model's measured latency against its brick reconstruction, with uncertainty.
+
+    ``*_se_ms`` are standard errors; intervals are 95% (normal quantile, :data:`Z95`). The
+    error's interval comes from both sides' errors, which are independent (different runs),
+    through the ratio's first-order (delta method) propagation.
+    """
 
     name: str
     measured_ms: float
     estimated_ms: float
     bricks: int
+    measured_se_ms: float = 0.0
+    estimated_se_ms: float = 0.0
+    #: sum of the bricks' measured times (occurrences counted), before any correction
+    raw_ms: float = 0.0
+    #: the fixed per-run cost subtracted: (bricks - 1) x the empty model's time
+    overhead_ms: float = 0.0
+    #: the boundary layout conversions subtracted
+    layout_ms: float = 0.0
+    #: both sides reached the precision asked before any time or run budget ran out
+    precise: bool = True
 
     @property
     def error_pct(self) -> float:
         return 100.0 * (self.estimated_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def error_ci_pct(self) -> tuple[float, float]:
+        """95% confidence interval of :attr:`error_pct`."""
+        ratio = self.estimated_ms / self.measured_ms
+        rel = math.hypot(
+            self.estimated_se_ms / self.estimated_ms if self.estimated_ms > 0 else 0.0,
+            self.measured_se_ms / self.measured_ms,
+        )
+        half = Z95 * ratio * rel
+        return (100.0 * (ratio - half - 1.0), 100.0 * (ratio + half - 1.0))
+
+    @property
+    def correction_pct(self) -> float:
+        """How much of the raw brick sum the corrections took away, in percent of it."""
+        return 100.0 * (self.overhead_ms + self.layout_ms) / self.raw_ms if self.raw_ms else 0.0
+
+    def verdict(self, limit_pct: float = 10.0) -> str:
+        """``within`` / ``outside`` ``limit_pct`` with 95% confidence, else ``straddles``."""
+        lo, hi = self.error_ci_pct
+        if -limit_pct <= lo and hi <= limit_pct:
+            return "within"
+        if hi < -limit_pct or lo > limit_pct:
+            return "outside"
+        return "straddles"
 
 
 @dataclass
@@ -188,34 +283,168 @@ class BrickStudy:
         return whole / self.unique_bricks_ms if self.unique_bricks_ms > 0 else math.inf
 
 
+def budgets(counts: Mapping[str, int], estimate_ms: float, target_rel: float) -> dict[str, float]:
+    """Per independent term of an estimate, the standard error (ms) its measurement may keep.
+
+    An estimate ``E = sum_k c_k t_k`` over ``u`` independently measured terms ``k`` (a unique
+    brick with ``c_k`` occurrences; the empty model with ``c = n - 1``; a conversion with as
+    many as the boundaries that pay it; signs do not matter) has ``SE(E)^2 = sum_k c_k^2 s_k^2``.
+    Asking ``c_k s_k <= target_rel * E / sqrt(u)`` of every term gives ``SE(E) <= target_rel *
+    E``: the precision a whole-model measurement is asked for. A term with share ``p_k = c_k
+    t_k / E`` needs ``s_k / t_k <= target_rel / (p_k sqrt(u))``: the smaller its share, the
+    looser its precision and the sooner it stops.
+    """
+    share = target_rel * max(estimate_ms, 0.0) / math.sqrt(max(len(counts), 1))
+    return {key: share / c for key, c in counts.items() if c > 0}
+
+
 def tolerances(
     bricks: list[Brick], times_ms: dict[str, float], overhead_ms: float, target_rel: float
 ) -> dict[str, float]:
-    """Per unique brick of one model, the standard error (ms) its measurement may keep.
-
-    The model's estimate is ``E = sum_i c_i t_i - (n - 1) o`` over its ``u`` unique bricks
-    ``i`` (``c_i`` occurrences each, ``n`` bricks in all, ``o`` the fixed per-run cost). The
-    bricks are measured separately, so their errors are independent and
-    ``SE(E)^2 = sum_i c_i^2 s_i^2``. Asking ``c_i s_i <= target_rel * E / sqrt(u)`` of every
-    brick gives ``SE(E)^2 <= u (target_rel E)^2 / u``, i.e. ``SE(E) <= target_rel * E``: the
-    same relative precision a whole-model measurement is asked for. In relative terms a brick
-    with share ``p_i = c_i t_i / E`` of the model needs ``s_i / t_i <= target_rel / (p_i
-    sqrt(u))``, so the smaller its share, the looser its precision and the sooner it stops.
-    ``E`` is taken from ``times_ms`` (pilot runs of the bricks not yet measured): the
-    reconstruction itself, not the whole-model measurement it is compared with.
-    """
+    """:func:`budgets` for the unique bricks of one model (``E`` from :func:`reconstruct`)."""
     counts = Counter(b.signature for b in bricks)
-    share = target_rel * reconstruct(bricks, times_ms, overhead_ms) / math.sqrt(len(counts))
-    return {sig: share / c for sig, c in counts.items()}
+    return budgets(counts, reconstruct(bricks, times_ms, overhead_ms), target_rel)
+
+
+def terms(bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]) -> Counter[str]:
+    """What a model's estimate is made of: unique bricks, conversions and the empty model,
+    each with how many times it counts (:func:`budgets`)."""
+    counts = Counter(b.signature for b in bricks)
+    counts.update(reorder_key(shape) for shape in boundary_conversions(bricks, layouts))
+    if len(bricks) > 1:
+        counts[EMPTY] = len(bricks) - 1
+    return counts
+
+
+def estimate(
+    name: str,
+    bricks: list[Brick],
+    layouts: Mapping[str, LayoutEnds | None],
+    results: Mapping[str, Measurement],
+    whole: Measurement,
+    precise: bool = True,
+) -> BrickEstimate:
+    """The model's brick estimate with its standard error, against its measurement."""
+    counts = terms(bricks, layouts)
+    times = {key: results[key].trimmed_mean_ms for key in counts}
+    overhead = results[EMPTY].trimmed_mean_ms
+    layout = sum(times[key] * c for key, c in counts.items() if key.startswith("reorder:"))
+    value = reconstruct(bricks, times, overhead, layout)
+    variance = sum((c * results[key].std_error_ms) ** 2 for key, c in counts.items())
+    return BrickEstimate(
+        name=name,
+        measured_ms=whole.trimmed_mean_ms,
+        estimated_ms=value,
+        bricks=len(bricks),
+        measured_se_ms=whole.std_error_ms,
+        estimated_se_ms=math.sqrt(variance),
+        raw_ms=sum(times[b.signature] for b in bricks),
+        overhead_ms=(len(bricks) - 1) * overhead,
+        layout_ms=layout,
+        precise=precise,
+    )
 
 
 @dataclass
-class _Tally:
-    """What the study has measured so far, across models and granularities."""
+class _Term:
+    """One benchmark of the study: a whole model, a brick, a conversion or the empty model."""
 
-    final: dict[str, Measurement] = field(default_factory=dict)
-    #: the tightest standard error any model has asked of each brick so far
-    asked: dict[str, float] = field(default_factory=dict)
+    bench: Benchmark
+    result: Measurement | None = None
+    sampler: Sampler | None = None
+    #: the tightest standard error (ms) any model has asked of it so far
+    asked: float = math.inf
+
+    def current(self) -> Measurement:
+        if self.sampler is not None:
+            return self.sampler.measurement()
+        assert self.result is not None, "a term is measured or open"
+        return self.result
+
+
+#: each round gives every benchmark still short of its precision about this much run time,
+#: so a 5 us brick takes many runs per round and a 200 ms model one
+_ROUND_S = 0.02
+_ROUND_MAX_RUNS = 64
+
+
+class _Study:
+    """The study's state across models and granularities (see :func:`study`)."""
+
+    def __init__(self, bencher: Bencher, target_rel: float) -> None:
+        self.bencher = bencher
+        self.target_rel = target_rel
+        self.terms: dict[str, _Term] = {}
+        self.layouts: dict[str, LayoutEnds | None] = {}
+        self.imprecise: set[str] = set()
+
+    def open(self, key: str, bench: Benchmark, with_layout: bool = False) -> None:
+        """Make ``key`` a term: from the database, or opened and piloted (``min_reps`` runs)."""
+        if key in self.terms:
+            return
+        term = _Term(bench, result=self.bencher.cached(bench))
+        if with_layout and self.bencher.framework == "onnxruntime":
+            sampler, layout = self.bencher.open_profiled(bench)
+            self.layouts[key] = layout
+            if term.result is None:
+                term.sampler = sampler
+            else:  # measured before; the session only told the layout: its cost counts
+                term.result = replace(
+                    term.result, elapsed_s=term.result.elapsed_s + sampler.elapsed_s
+                )
+        elif term.result is None:
+            term.sampler = self.bencher.open(bench)
+        if term.sampler is not None:
+            term.sampler.run_more(self.bencher.settings.min_reps)
+        self.terms[key] = term
+
+    def rounds(self, goals: Callable[[], dict[str, float]]) -> None:
+        """Measure in rounds, every term short of its goal a slice per round, until none is.
+
+        ``goals`` gives, from the measurements so far, the standard error (ms) asked of each
+        term. Rounds interleave the whole model with its bricks, so a drift in the machine's
+        background load moves both sides alike. A closed term asked for more than it was
+        measured to is opened again (both costs counted); a term whose run or time budget is
+        spent stops where it is and the result is marked imprecise.
+        """
+        while True:
+            due: list[_Term] = []
+            for key, goal in goals().items():
+                term = self.terms[key]
+                if term.current().std_error_ms <= goal:
+                    continue
+                if term.sampler is None:
+                    if goal >= term.asked or self.bencher.framework == "mxnet":
+                        self.imprecise.add(key)
+                        continue
+                    assert term.result is not None
+                    term.sampler = self.bencher.open(term.bench)
+                    term.sampler.setup_s += term.result.elapsed_s
+                    term.sampler.run_more(self.bencher.settings.min_reps)
+                term.asked = min(term.asked, goal)
+                if term.sampler.capped:
+                    self.imprecise.add(key)
+                    continue
+                due.append(term)
+            if not due:
+                return
+            for term in due:
+                assert term.sampler is not None
+                mean_s = max(term.sampler.measurement().trimmed_mean_ms / 1e3, 1e-6)
+                term.sampler.run_more(max(1, min(_ROUND_MAX_RUNS, int(_ROUND_S / mean_s))))
+
+    def close(self) -> None:
+        """Store every open term's result and free its session."""
+        for term in self.terms.values():
+            if term.sampler is not None:
+                term.result = term.sampler.measurement()
+                self.bencher.store(term.bench, term.result)
+                term.sampler = None
+
+    def result(self, key: str) -> Measurement:
+        result = self.terms[key].result
+        assert result is not None, "close() stores every term"
+        return result
 
 
 def study(
@@ -223,115 +452,91 @@ def study(
     bencher: Bencher,
     granularities: list[int],
     progress: Callable[[list[ModelIR], str], Iterable[ModelIR]],
-    target_rel: float = 0.02,
+    target_rel: float = 0.01,
 ) -> list[BrickStudy]:
     """Measure every model whole and every unique brick once per granularity; compare.
 
-    Each whole model is measured until the standard error of its time is below ``target_rel``
-    of it. Bricks: every new brick of a model gets a session, its warm-up and ``min_reps``
-    pilot runs; then each continues until its error is within its share of the model's budget
-    (:func:`tolerances`), so the reconstruction meets the same ``target_rel``. A brick shared
-    with a later model that asks for more precision than it was measured to is measured again
-    (both costs counted). Both sides share the settings' ``min_reps``, warm-up and time cap.
+    Each model's time, measured whole and estimated from bricks, is measured until its standard
+    error is at most ``target_rel`` of it. A model's estimate (:func:`estimate`) is made of its
+    unique bricks, the empty model (the fixed cost of a run, subtracted once per extra brick)
+    and the layout conversions at its brick boundaries (:func:`boundary_conversions`), each a
+    benchmark of its own; :func:`budgets` splits the model's precision among them, so the
+    estimate meets the same ``target_rel`` as the whole measurement.
 
-    Measurement is interleaved: a model is measured whole, then its bricks not yet measured
-    (for every granularity), then the next model, so a slow drift in the machine's background
-    load cannot separate "whole" from "bricks". Bricks equal across granularities are one
-    database row; each granularity's benchmarking time counts every brick it needs, from
-    export to the last timed run, and the fixed-cost (empty model) benchmark.
+    Per model: the whole model, its new bricks (every granularity; each profiled on its first,
+    warm-up run to learn its layout conversions) and the new conversions are opened and
+    piloted (``min_reps`` runs), then measured in interleaved rounds (:meth:`_Study.rounds`).
+    Bricks equal across granularities and models are one benchmark and one database row; each
+    granularity's benchmarking time counts every brick, conversion and empty-model benchmark it
+    needs, from export to the last timed run.
     """
     from trims.evaluation import generator
-    from trims.evaluation.measure import Precision
 
-    empty = bencher.overhead()
-    overhead = empty.trimmed_mean_ms
+    state = _Study(bencher, target_rel)
+    empty = generator.Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
+    state.open(EMPTY, empty)
     per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
-    measured: dict[str, float] = {}
-    tally = _Tally()
-    cost: dict[int, dict[str, float]] = {g: {} for g in granularities}
-    time_whole = 0.0
+    whole_precise: dict[str, bool] = {}
     for ir in progress(irs, "models"):
         # loading the weights into memory is preparation both sides share, like loading the model
         weights = submodel.weights(ir) if bencher.framework == "onnxruntime" else None
-        whole_bench = generator.model_benchmark(ir, weights)
-        whole = bencher.cached(whole_bench)
-        if whole is None:
-            whole = bencher.open(whole_bench).run(Precision(rel=target_rel).met)
-            bencher.store(whole_bench, whole)
-        measured[ir.name] = whole.trimmed_mean_ms
-        time_whole += whole.elapsed_s
+        whole_key = f"model:{ir.name}"
+        state.open(whole_key, generator.model_benchmark(ir, weights))
         for g in granularities:
-            _measure_bricks(ir, weights, per_g[g][ir.name], bencher, tally, overhead, target_rel)
             for brick in per_g[g][ir.name]:
-                cost[g][brick.signature] = tally.final[brick.signature].elapsed_s
-    times = {sig: m.trimmed_mean_ms for sig, m in tally.final.items()}
+                state.open(brick.signature, _benchmark(ir, brick, weights), with_layout=True)
+        for g in granularities:
+            for shape in boundary_conversions(per_g[g][ir.name], state.layouts):
+                state.open(reorder_key(shape), _reorder_benchmark(shape))
+
+        def goals(ir: ModelIR = ir, whole_key: str = whole_key) -> dict[str, float]:
+            current = {key: term.current() for key, term in state.terms.items()}
+            asked = {whole_key: target_rel * current[whole_key].trimmed_mean_ms}
+            for g in granularities:
+                bricks = per_g[g][ir.name]
+                counts = terms(bricks, state.layouts)
+                value = estimate(ir.name, bricks, state.layouts, current, current[whole_key])
+                for key, se in budgets(counts, value.estimated_ms, target_rel).items():
+                    asked[key] = min(se, asked.get(key, math.inf))
+            return asked
+
+        state.rounds(goals)
+        state.close()
+        whole_precise[ir.name] = whole_key not in state.imprecise
     out: list[BrickStudy] = []
+    results = {key: state.result(key) for key in state.terms}
     for g in granularities:
         per_model = per_g[g]
-        models = [
-            BrickEstimate(
-                ir.name,
-                measured[ir.name],
-                reconstruct(per_model[ir.name], times, overhead),
-                len(per_model[ir.name]),
+        models = []
+        needed: Counter[str] = Counter()
+        for ir in irs:
+            counts = terms(per_model[ir.name], state.layouts)
+            needed.update(counts)
+            precise = whole_precise[ir.name] and not (set(counts) & state.imprecise)
+            models.append(
+                estimate(
+                    ir.name,
+                    per_model[ir.name],
+                    state.layouts,
+                    results,
+                    results[f"model:{ir.name}"],
+                    precise,
+                )
             )
-            for ir in irs
-        ]
+        needed[EMPTY] = 1
+        bricks_only = [k for k in needed if k != EMPTY and not k.startswith("reorder:")]
         out.append(
             BrickStudy(
                 granularity=g,
                 models=models,
-                unique_bricks=len(cost[g]),
+                unique_bricks=len(bricks_only),
                 total_bricks=sum(len(b) for b in per_model.values()),
-                time_whole_s=time_whole,
-                time_bricks_s=empty.elapsed_s + sum(cost[g].values()),
-                unique_bricks_ms=sum(times[sig] for sig in cost[g]),
+                time_whole_s=sum(results[f"model:{ir.name}"].elapsed_s for ir in irs),
+                time_bricks_s=sum(results[k].elapsed_s for k in needed),
+                unique_bricks_ms=sum(results[k].trimmed_mean_ms for k in bricks_only),
             )
         )
     return out
-
-
-def _measure_bricks(
-    ir: ModelIR,
-    weights: Mapping[str, np.ndarray] | None,
-    bricks: list[Brick],
-    bencher: Bencher,
-    tally: _Tally,
-    overhead_ms: float,
-    target_rel: float,
-) -> None:
-    """Pilot the model's new bricks, then take each to the precision the model needs."""
-    from trims.evaluation.measure import Precision
-
-    first: dict[str, Brick] = {}
-    for brick in bricks:
-        first.setdefault(brick.signature, brick)
-    pending: dict[str, tuple[Benchmark, Sampler]] = {}
-    times: dict[str, float] = {}
-    for sig, brick in first.items():
-        if sig not in tally.final:
-            bench = _benchmark(ir, brick, weights)
-            cached = bencher.cached(bench)
-            if cached is None:
-                sampler = bencher.open(bench)
-                pending[sig] = (bench, sampler)
-                cached = sampler.run(lambda _: True)
-            tally.final[sig] = cached
-        times[sig] = tally.final[sig].trimmed_mean_ms
-    for sig, tol in tolerances(bricks, times, overhead_ms, target_rel).items():
-        done = tally.final[sig]
-        if sig in pending:
-            bench, sampler = pending.pop(sig)
-        elif done.std_error_ms > tol and tol < tally.asked.get(sig, math.inf):
-            bench = _benchmark(ir, first[sig], weights)
-            sampler = bencher.open(bench)
-            sampler.setup_s += done.elapsed_s
-        else:
-            continue
-        tally.asked[sig] = min(tol, tally.asked.get(sig, math.inf))
-        result = sampler.run(Precision(abs_ms=tol).met)
-        bencher.store(bench, result)
-        tally.final[sig] = result
 
 
 def _benchmark(ir: ModelIR, brick: Brick, weights: Mapping[str, np.ndarray] | None) -> Benchmark:
@@ -341,4 +546,13 @@ def _benchmark(ir: ModelIR, brick: Brick, weights: Mapping[str, np.ndarray] | No
     external = frozenset(weights or ())
     return generator.Benchmark(
         "brick", brick.signature, label, lambda: export(ir, brick, external), weights
+    )
+
+
+def _reorder_benchmark(shape: tuple[int, ...]) -> Benchmark:
+    from trims.evaluation import generator
+
+    key = reorder_key(shape)
+    return generator.Benchmark(
+        "layout", key, f"NCHW -> NCHWc -> NCHW {key[8:]}", lambda: ort_backend.reorder_model(shape)
     )

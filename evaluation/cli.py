@@ -45,19 +45,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
     parser.add_argument("--force", action="store_true", help="re-measure what the DB already has")
     parser.add_argument(
-        "--max-time", type=float, default=0.5, help="seconds per benchmark before it stops"
+        "--max-time",
+        type=float,
+        help="seconds per benchmark before it stops (default 0.5; bricks: 60, a guard: "
+        "--precision decides)",
     )
     parser.add_argument(
         "--min-reps",
         type=int,
-        help="timed runs per benchmark, at least (default 7; bricks: 3, then --target-rel)",
+        help="timed runs per benchmark, at least (default 7; bricks: 3, then --precision)",
     )
     parser.add_argument(
-        "--target-rel",
+        "--precision",
         type=float,
-        default=0.02,
-        help="bricks: standard error asked of each model's time, measured whole or "
-        "reconstructed from bricks, as a fraction of it (default 0.02)",
+        help="bricks: half-width of the 95%% confidence interval asked of each model's time, "
+        "measured whole and estimated from bricks, as a fraction of it (default 0.02; "
+        "--quick: 0.05)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="bricks: a fast, rough run (+-5%%, at most 2 s per benchmark), labelled as such; "
+        "the defaults reproduce run after run",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -80,7 +89,8 @@ def _settings(args: argparse.Namespace) -> AnalyzeSettings:
         force=args.force,
         max_time=args.max_time,
         min_reps=args.min_reps,
-        target_rel=args.target_rel,
+        precision=args.precision,
+        quick=args.quick,
         progress=not args.no_progress and sys.stderr.isatty(),
         mxnet_python=args.mxnet_python,
     )

@@ -16,7 +16,7 @@ The answer is the analysis' JSON, the same as ``trims analyze ANALYSIS --json`` 
 the human tables under ``"text"``. Settings a request may give: ``models`` (zoo or PyTorch
 family names, the sets ``zoo``/``families``, and ``store:<key>`` for a model of the function's
 own spec, as text or a list), ``framework``, ``variants``, ``threads``, ``batch``,
-``granularity``, ``force``, ``max_time``, ``min_reps``, ``target_rel``.
+``granularity``, ``force``, ``max_time``, ``min_reps``, ``precision``, ``quick``.
 
 Where results are kept (``db``) and the MXNet interpreter (``mxnet_python``) are the
 deployment's: they come from the function's config, never from a request, so a caller cannot
@@ -53,7 +53,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "force": (bool,),
     "max_time": (int, float),
     "min_reps": (int,),
-    "target_rel": (int, float),
+    "precision": (int, float),
+    "quick": (bool,),
 }
 
 

@@ -8,7 +8,7 @@ the :class:`~trims.evaluation.db.ResultsDB` and skips what is already measured u
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,8 +67,11 @@ def _extractor(ir: ModelIR, indices: list[int], name: str) -> Callable[[], onnx.
     return lambda: submodel.extract(ir, indices, name)
 
 
-def fusion_chains(ir: ModelIR) -> list[list[int]]:
-    """Conv layers followed by a chain of single-consumer BN/scale/residual-add/ReLU layers.
+def fusion_chains(
+    ir: ModelIR, heads: Collection[str] = ("Conv",), fusible: Collection[str] = _FUSIBLE
+) -> list[list[int]]:
+    """``heads`` layers (Conv) followed by a chain of single-consumer ``fusible`` layers
+    (BN/scale/residual-add/ReLU).
 
     Only chains of two or more layers count, and no layer belongs to two chains (a residual
     add joins the chain of whichever branch reaches it first in topological order).
@@ -76,14 +79,14 @@ def fusion_chains(ir: ModelIR) -> list[list[int]]:
     chains: list[list[int]] = []
     claimed: set[int] = set()
     for layer in ir.layers:
-        if layer.op_type != "Conv":
+        if layer.op_type not in heads:
             continue
         chain = [layer.index]
         current = layer.index
         while len(ir.succs[current]) == 1:
             nxt = ir.succs[current][0]
             op = ir.layers[nxt].op_type
-            if op not in _FUSIBLE or nxt in claimed:
+            if op not in fusible or nxt in claimed:
                 break
             if len(ir.preds[nxt]) != 1 and op not in _JOINS:
                 break
@@ -243,6 +246,19 @@ class Bencher:
         start = clock()
         fn = self._runner(bench.build(), bench.label, bench.weights)
         return Sampler(fn, self.settings, setup_s=clock() - start)
+
+    def open_profiled(self, bench: Benchmark) -> tuple[Sampler, ort_backend.LayoutEnds]:
+        """:meth:`open` for ONNX Runtime, plus the layout conversions at the benchmark's ends
+        (:func:`~trims.evaluation.ort_backend.profiled_runner`: its profiled first run is the
+        first warm-up run)."""
+        if self.framework != "onnxruntime":
+            raise ValidationError(f"layout conversions are ONNX Runtime's, not {self.framework}'s")
+        clock = self.settings.timer()
+        start = clock()
+        fn, layout = ort_backend.profiled_runner(
+            bench.build(), self._ort_variant, bench.label, bench.weights
+        )
+        return Sampler(fn, self.settings, setup_s=clock() - start), layout
 
     def store(self, bench: Benchmark, result: Measurement) -> None:
         """Record a measurement taken through :meth:`open`."""

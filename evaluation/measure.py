@@ -80,6 +80,8 @@ class Measurement:
 
 #: a normal distribution's standard deviation per unit of interquartile range (1 / 1.349)
 _IQR_TO_SD = 1.0 / 1.349
+#: the normal quantile of a two-sided 95% confidence interval
+Z95 = 1.959964
 
 
 def std_error(samples: list[float] | np.ndarray) -> float:
@@ -172,6 +174,17 @@ class Sampler:
     @property
     def elapsed_s(self) -> float:
         return self.setup_s + self._runs.spent_s
+
+    @property
+    def capped(self) -> bool:
+        """Whether the run or time budget (:class:`MeasureSettings`) is spent."""
+        s = self.settings
+        return len(self.samples) >= s.max_reps or self.elapsed_s >= s.max_time_s
+
+    def run_more(self, runs: int) -> None:
+        """Time ``runs`` more runs (fewer if the run or time budget runs out first)."""
+        target = len(self.samples) + runs
+        self._runs.run_until(lambda samples, _spent: len(samples) >= target or self.capped)
 
     def run(self, enough: Stop) -> Measurement:
         """Time more runs until :func:`stop_after` says stop; summarize all runs so far."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,6 +77,7 @@ def session(
     variant: OrtVariant,
     name: str,
     weights: Mapping[str, np.ndarray] | None = None,
+    profile_prefix: str | None = None,
 ) -> ort.InferenceSession:
     """An InferenceSession for ``model`` configured per ``variant``.
 
@@ -97,6 +99,9 @@ def session(
     opts.intra_op_num_threads = variant.threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    if profile_prefix is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = profile_prefix
     external = [
         t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
     ]
@@ -128,9 +133,95 @@ def runner(
     weights: Mapping[str, np.ndarray] | None = None,
 ) -> Callable[[], object]:
     """A callable that runs ``model`` once on bound random inputs (``weights``: see session)."""
+    return _bound_runner(session(model, variant, name, weights), model)
+
+
+@dataclass(frozen=True)
+class LayoutEnds:
+    """Whether a model converts its input into, and its output out of, a blocked layout.
+
+    With graph optimizations on, ONNX Runtime runs convolutions in its blocked NCHWc layout and
+    inserts ``ReorderInput``/``ReorderOutput`` where a tensor enters or leaves the NCHWc region.
+    A whole model converts once at each end; the same model cut into bricks converts at every
+    boundary where both neighbours compute in NCHWc, work the whole model never does.
+    """
+
+    converts_input: bool
+    converts_output: bool
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+
+
+def _dims(value: onnx.ValueInfoProto) -> tuple[int, ...]:
+    return tuple(max(d.dim_value, 1) for d in value.type.tensor_type.shape.dim)
+
+
+def profiled_runner(
+    model: onnx.ModelProto,
+    variant: OrtVariant,
+    name: str,
+    weights: Mapping[str, np.ndarray] | None = None,
+) -> tuple[Callable[[], object], LayoutEnds]:
+    """:func:`runner` plus the layout conversions at the model's ends (:class:`LayoutEnds`).
+
+    The session profiles its first run (a warm-up run: never timed), then stops profiling
+    (``end_profiling``), so the runs that follow cost what :func:`runner`'s do. The profile
+    says which kernels ran; a ``ReorderInput`` reading a tensor of the graph input's shape and
+    a ``ReorderOutput`` writing one of the graph output's shape are the conversions at the ends.
+    Only single-input, single-output models (bricks) are classified; others report none.
+    """
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trims-ort-profile-") as folder:
+        sess = session(model, variant, name, weights, profile_prefix=f"{folder}/p")
+        run_once = _bound_runner(sess, model)
+        run_once()
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    graph = model.graph
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        return run_once, LayoutEnds(False, False, (), ())
+    shape_in, shape_out = _dims(graph.input[0]), _dims(graph.output[0])
+    converts_in = converts_out = False
+    for event in events:
+        args = event.get("args", {})
+        op = args.get("op_name")
+        if event.get("cat") != "Node" or op not in ("ReorderInput", "ReorderOutput"):
+            continue
+        key = "input_type_shape" if op == "ReorderInput" else "output_type_shape"
+        shapes = [tuple(dims) for entry in args.get(key, []) for dims in entry.values()]
+        if op == "ReorderInput" and shape_in in shapes:
+            converts_in = True
+        if op == "ReorderOutput" and shape_out in shapes:
+            converts_out = True
+    return run_once, LayoutEnds(converts_in, converts_out, shape_in, shape_out)
+
+
+def reorder_model(shape: tuple[int, ...]) -> onnx.ModelProto:
+    """A tensor of ``shape`` (NCHW) into ONNX Runtime's NCHWc layout and back: the conversion
+    a brick boundary adds (:class:`LayoutEnds`), as its own benchmark."""
+    from onnx import TensorProto, helper
+
+    domain = "com.microsoft.nchwc"
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReorderInput", ["x"], ["blocked"], domain=domain),
+            helper.make_node("ReorderOutput", ["blocked"], ["y"], domain=domain, channels=shape[1]),
+        ],
+        "reorder",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(domain, 1)]
+    )
+    model.ir_version = 8
+    return model
+
+
+def _bound_runner(sess: ort.InferenceSession, model: onnx.ModelProto) -> Callable[[], object]:
     import onnxruntime as ort
 
-    sess = session(model, variant, name, weights)
     binding = sess.io_binding()
     feeds = random_inputs(model)
     for key, value in feeds.items():

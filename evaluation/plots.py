@@ -67,16 +67,24 @@ def bounds_vs_measured(bounds: list[ModelBound], path: Path) -> Path:
 
 
 def estimation_error(studies: list[BrickStudy], path: Path) -> Path:
-    """Brick reconstruction error per model, one series per granularity."""
+    """Brick reconstruction error per model with its 95% interval, a series per granularity."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for s in studies:
-        ax.plot(
-            [m.name for m in s.models],
-            [m.error_pct for m in s.models],
-            "o-",
+    for k, s in enumerate(studies):
+        errors = [m.error_pct for m in s.models]
+        intervals = [m.error_ci_pct for m in s.models]
+        ax.errorbar(
+            [i + 0.12 * (k - (len(studies) - 1) / 2) for i in range(len(s.models))],
+            errors,
+            yerr=[
+                [e - lo for e, (lo, _) in zip(errors, intervals, strict=True)],
+                [hi - e for e, (_, hi) in zip(errors, intervals, strict=True)],
+            ],
+            fmt="o",
+            capsize=3,
             label=f"G={s.granularity}",
         )
+    ax.set_xticks(range(len(studies[0].models)), [m.name for m in studies[0].models])
     ax.axhline(10, color="grey", linestyle="--")
     ax.axhline(-10, color="grey", linestyle="--")
     ax.set_ylabel("estimated vs measured (%)")

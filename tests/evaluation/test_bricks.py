@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from tests.evaluation import graphs
 from trims.errors import ValidationError
 from trims.evaluation import bricks, generator, graph, ir, ort_backend, submodel
+from trims.evaluation.measure import Measurement
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
@@ -18,19 +21,26 @@ def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
 def test_cut_points_fall_between_residual_blocks() -> None:
     m = _ir(graphs.residual(blocks=2), "res")
     # layers: 0 stem | 1..4 block 0 | 5 relu | 6..9 block 1 | 10 relu | 11 gap;
-    # inside a block the skip connection is live too, so there is no cut
-    assert bricks.cut_points(m) == [0, 4, 5, 9, 10]
-    assert bricks.segments(m) == [[0], [1, 2, 3, 4], [5], [6, 7, 8, 9], [10], [11]]
+    # inside a block the skip connection is live too, so there is no cut, and the block's
+    # second conv, the residual add and the relu after it are one fused kernel: no cut at 4, 9
+    assert bricks.fused_kernels(m) == [[1, 2], [3, 4, 5], [6, 7], [8, 9, 10]]
+    assert bricks.cut_points(m) == [0, 5, 10]
+    assert bricks.segments(m) == [[0], [1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11]]
+
+
+def test_a_conv_and_the_activation_it_fuses_are_one_brick() -> None:
+    m = _ir(graphs.conv_gemm(), "cg")
+    assert [layer.op_type for layer in m.layers] == ["Conv", "Relu", "MaxPool", "Flatten", "Gemm"]
+    # ONNX Runtime runs Conv + Relu as one kernel: timing them apart times work it never does
+    assert [b.indices for b in bricks.decompose(m, 1)] == [(0, 1), (2,), (3,), (4,)]
 
 
 def test_granularity_groups_segments() -> None:
     m = _ir(graphs.residual(blocks=2), "res")
     assert [b.indices for b in bricks.decompose(m, 1)] == [
         (0,),
-        (1, 2, 3, 4),
-        (5,),
-        (6, 7, 8, 9),
-        (10,),
+        (1, 2, 3, 4, 5),
+        (6, 7, 8, 9, 10),
         (11,),
     ]
     # G=12 could hold everything, but a segment starting with a Conv starts a new brick
@@ -90,10 +100,12 @@ def test_reconstruct_subtracts_per_run_overhead() -> None:
     parts = bricks.decompose(m, 1)
     times = {p.signature: 1.0 for p in parts}
     times[parts[0].signature] = 2.0
-    # stem, residual block, relu, pooling
-    assert len({p.signature for p in parts}) == 4
-    # six bricks: 2 + 5 * 1 ms, each paid 0.1 ms of fixed cost the whole model pays once
-    assert abs(bricks.reconstruct(parts, times, 0.1) - (7.0 - 6 * 0.1 + 0.1)) < 1e-9
+    # stem, residual block (twice), pooling
+    assert len({p.signature for p in parts}) == 3
+    # four bricks: 2 + 3 * 1 ms, each paid 0.1 ms of fixed cost the whole model pays once
+    assert bricks.reconstruct(parts, times, 0.1) == pytest.approx(5.0 - 3 * 0.1)
+    # less the layout conversions the bricks did at their boundaries
+    assert bricks.reconstruct(parts, times, 0.1, layout_ms=0.25) == pytest.approx(4.45)
 
 
 def test_bricks_and_whole_model_with_out_of_band_weights_match_inline() -> None:
@@ -125,3 +137,95 @@ def test_out_of_band_weights_missing_is_a_clear_error() -> None:
     lean = generator.model_benchmark(m, submodel.weights(m)).build()
     with pytest.raises(ValidationError, match="out of band"):
         ort_backend.session(lean, ort_backend.OrtVariant("all", 1), "res")
+
+
+def _measurement(ms: float, se_ms: float, reps: int = 100) -> Measurement:
+    # std_error_ms = (spread / 1.349) / sqrt(reps): pick the spread that gives se_ms
+    spread = se_ms * 1.349 * math.sqrt(reps)
+    return Measurement(ms, ms, spread, ms, reps, 1.0)
+
+
+def _layout(into: bool, out: bool, shape: tuple[int, ...]) -> ort_backend.LayoutEnds:
+    return ort_backend.LayoutEnds(into, out, (1, 1, 1, 1), shape)
+
+
+def test_conversions_count_where_both_neighbours_convert() -> None:
+    parts = [bricks.Brick("m", (i,), f"s{i}") for i in range(4)]
+    layouts = {
+        "s0": _layout(False, True, (1, 8, 4, 4)),
+        "s1": _layout(True, True, (1, 16, 4, 4)),
+        "s2": _layout(False, True, (1, 32, 4, 4)),  # s2 reads plain NCHW: the model converts too
+        "s3": None,  # not ONNX Runtime: nothing known
+    }
+    assert bricks.boundary_conversions(parts, layouts) == [(1, 8, 4, 4)]
+    counts = bricks.terms(parts, layouts)
+    assert counts == {"s0": 1, "s1": 1, "s2": 1, "s3": 1, "reorder:1x8x4x4": 1, "empty": 3}
+
+
+def test_estimate_carries_each_terms_uncertainty() -> None:
+    parts = [bricks.Brick("m", (i,), sig) for i, sig in enumerate(["a", "b", "a"])]
+    layouts = {"a": _layout(True, True, (1, 8, 2, 2)), "b": _layout(True, True, (1, 8, 2, 2))}
+    results = {
+        "a": _measurement(4.0, 0.03),
+        "b": _measurement(2.0, 0.04),
+        "reorder:1x8x2x2": _measurement(0.1, 0.001),
+        "empty": _measurement(0.01, 0.0005),
+    }
+    whole = _measurement(9.0, 0.05)
+    est = bricks.estimate("m", parts, layouts, results, whole)
+    # 4 + 2 + 4, less 2 fixed costs, less 2 conversions
+    assert est.raw_ms == pytest.approx(10.0)
+    assert est.estimated_ms == pytest.approx(10.0 - 2 * 0.01 - 2 * 0.1)
+    se = math.sqrt((2 * 0.03) ** 2 + 0.04**2 + (2 * 0.001) ** 2 + (2 * 0.0005) ** 2)
+    assert est.estimated_se_ms == pytest.approx(se)
+    assert est.correction_pct == pytest.approx(100 * 0.22 / 10.0)
+    lo, hi = est.error_ci_pct
+    assert lo < est.error_pct < hi
+    ratio = est.estimated_ms / 9.0
+    half = 1.959964 * ratio * math.hypot(se / est.estimated_ms, 0.05 / 9.0)
+    assert hi - lo == pytest.approx(200 * half)
+    # +8.7% with a 95% interval of about +-2%: it may be past the 10% line
+    assert est.error_pct == pytest.approx(100 * (9.78 / 9.0 - 1))
+    assert lo < 10.0 < hi and est.verdict() == "straddles"
+
+
+def test_verdict_says_straddles_when_the_interval_crosses_the_line() -> None:
+    def make(measured: float, se: float) -> bricks.BrickEstimate:
+        return bricks.BrickEstimate("m", measured, 10.0, 3, measured_se_ms=se, estimated_se_ms=0.0)
+
+    assert make(10.0, 0.01).verdict() == "within"
+    assert make(8.0, 0.01).verdict() == "outside"  # +25%
+    assert make(9.09, 0.3).verdict() == "straddles"  # +10.0% +- 6.5%
+    assert make(10.0, 0.01).error_ci_pct[0] < 0 < make(10.0, 0.01).error_ci_pct[1]
+
+
+def test_budgets_split_the_precision_among_independent_terms() -> None:
+    counts = {"a": 2, "b": 1, "empty": 4}
+    got = bricks.budgets(counts, 10.0, 0.01)
+    # c_k * s_k equal for every term, and sum of (c_k s_k)^2 = (0.01 * 10)^2
+    assert {k: got[k] * counts[k] for k in counts} == pytest.approx(
+        dict.fromkeys(counts, 0.1 / math.sqrt(3))
+    )
+    assert sum((got[k] * counts[k]) ** 2 for k in counts) == pytest.approx(0.01)
+
+
+def test_profiled_runner_sees_the_conversions_at_a_bricks_ends() -> None:
+    m = _ir(graphs.residual(blocks=3, channels=32), "res")
+    weights = submodel.weights(m)
+    middle = bricks.decompose(m, 1)[2]  # the second residual block: convs on both sides
+    model = bricks.export(m, middle, frozenset(weights))
+    run, ends = ort_backend.profiled_runner(model, ort_backend.OrtVariant("all", 1), "b", weights)
+    run()  # the profiled run is over: the session runs on unprofiled
+    assert ends.converts_input and ends.converts_output
+    assert ends.input_shape == ends.output_shape == (1, 32, 16, 16)
+    _, plain = ort_backend.profiled_runner(
+        model, ort_backend.OrtVariant("disable", 1), "b", weights
+    )
+    assert not plain.converts_input and not plain.converts_output
+
+
+def test_the_conversion_benchmark_gives_back_its_input() -> None:
+    model = ort_backend.reorder_model((1, 24, 5, 7))
+    feeds = ort_backend.random_inputs(model, seed=3)
+    sess = ort_backend.session(model, ort_backend.OrtVariant("all", 1), "reorder")
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], feeds["x"])

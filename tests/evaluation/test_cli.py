@@ -56,7 +56,17 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
     )
     body = json.loads(br.read_text())
     assert {"models", "time_whole_s", "time_bricks_s"} <= set(body)
-    assert {"name", "measured_ms", "estimated_ms", "error_pct"} <= set(body["models"][0])
+    first = body["models"][0]
+    assert {"name", "measured_ms", "estimated_ms", "error_pct", "correction_pct"} <= set(first)
+    lo, hi = first["error_ci_pct"]
+    assert lo <= first["error_pct"] <= hi
+    assert first["within_10pct"] in ("within", "straddles", "outside")
+    low, high = first["measured_ci_ms"]
+    assert low <= first["measured_ms"] <= high
+    assert first["estimated_ms"] == pytest.approx(
+        first["raw_ms"] - first["overhead_ms"] - first["layout_ms"]
+    )
+    assert body["confidence"] == 0.95 and body["precision"] == 0.02 and not body["quick"]
     assert [g["granularity"] for g in body["by_granularity"]] == [1, 5]
     whole_ms = sum(m["measured_ms"] for m in body["models"])
     for g in body["by_granularity"]:
@@ -71,3 +81,17 @@ def test_bad_model_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["analyze", "layers", "--models", str(path)]) == 1
     err = capsys.readouterr().err
     assert "weird" in err and "odd_node" in err
+
+
+def test_quick_bricks_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = tmp_path / "a.onnx"
+    onnx.save(graphs.conv_gemm(), str(a))
+    out = tmp_path / "quick.json"
+    args = ["analyze", "bricks", "--models", str(a), "--db", str(tmp_path / "q.sqlite")]
+    assert main([*args, "--quick", "--granularity", "1", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("QUICK RUN (rough")
+    body = json.loads(out.read_text())
+    assert body["quick"] and body["precision"] == 0.05 and body["max_time_s"] == 2.0
+    # a bad precision is refused before anything is measured
+    assert main([*args, "--precision", "0"]) == 1
+    assert "precision must be between" in capsys.readouterr().err

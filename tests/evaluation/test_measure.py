@@ -116,3 +116,17 @@ def test_sampler_counts_setup_and_resumes() -> None:
     more = sampler.run(lambda xs: len(xs) >= 6)
     assert more.reps == 6 and len(calls) == 8
     assert more.elapsed_s >= 5.0 and sampler.elapsed_s == more.elapsed_s
+
+
+def test_sampler_runs_more_in_rounds_until_its_budget_is_spent() -> None:
+    calls: list[int] = []
+    settings = MeasureSettings(warmup=1, min_reps=3, max_reps=10, max_time_s=math.inf)
+    sampler = Sampler(lambda: calls.append(1), settings)
+    sampler.run_more(4)
+    assert len(sampler.samples) == 4 and not sampler.capped
+    sampler.run_more(4)
+    assert len(sampler.samples) == 8
+    sampler.run_more(4)  # the run budget (10) stops the round early
+    assert len(sampler.samples) == 10 and sampler.capped and len(calls) == 11
+    sampler.run_more(4)
+    assert len(sampler.samples) == 10
