@@ -1,0 +1,43 @@
+"""bench/analysis_repro.py runs the analyses N times on fresh databases and compares the runs.
+
+A toy size (one small model, --quick): this only catches a script that no longer runs or
+writes another shape of JSON; the figures are the benchmark's, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_two_quick_runs_of_one_model(tmp_path: Path) -> None:
+    out = tmp_path / "repro.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "analysis_repro.py"), "--runs", "2", "--only", "zoo",
+         "--models", "squeezenet", "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    zoo = doc["zoo"]
+    assert doc["runs"] == 2 and zoo["quick"] and len(zoo["saving"]) == 2
+    (model,) = zoo["models"]
+    assert model["name"] == "squeezenet" and len(model["verdicts"]) == 2
+    assert model["runs_within"] == sum(v == "within" for v in model["verdicts"])
+    spread = model["error_pct"]
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert all(w > 0 for w in doc["wall_s"]["zoo"])
+    table = out.with_suffix(".md").read_text()
+    assert "QUICK" in table and "| squeezenet |" in table
+
+
+def test_an_unknown_analysis_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "analysis_repro.py"), "--only", "bricks"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--only takes zoo, families, lowerbound" in proc.stderr
