@@ -362,10 +362,17 @@ class _Term:
         return self.result
 
 
-#: each round gives every benchmark still short of its precision about this much run time,
-#: so a 5 us brick takes many runs per round and a 200 ms model one
+#: each round gives every benchmark still short of its precision at most about this much run
+#: time (a 200 ms model: one run per round), so rounds stay short and interleaved
 _ROUND_S = 0.02
-_ROUND_MAX_RUNS = 64
+
+
+def _runs_wanted(m: Measurement, goal_ms: float) -> int:
+    """Runs a benchmark short of its goal takes this round: the runs its standard error says
+    are still missing (it falls as 1/sqrt(n)), at most a round's time slice, at least one."""
+    missing = m.reps * ((m.std_error_ms / max(goal_ms, 1e-12)) ** 2 - 1.0)
+    per_round = _ROUND_S / max(m.trimmed_mean_ms / 1e3, 1e-6)
+    return max(1, math.ceil(min(missing, per_round)))
 
 
 class _Study:
@@ -408,7 +415,7 @@ class _Study:
         spent stops where it is and the result is marked imprecise.
         """
         while True:
-            due: list[_Term] = []
+            due: list[tuple[_Term, float]] = []
             for key, goal in goals().items():
                 term = self.terms[key]
                 if term.current().std_error_ms <= goal:
@@ -425,13 +432,12 @@ class _Study:
                 if term.sampler.capped:
                     self.imprecise.add(key)
                     continue
-                due.append(term)
+                due.append((term, goal))
             if not due:
                 return
-            for term in due:
+            for term, goal in due:
                 assert term.sampler is not None
-                mean_s = max(term.sampler.measurement().trimmed_mean_ms / 1e3, 1e-6)
-                term.sampler.run_more(max(1, min(_ROUND_MAX_RUNS, int(_ROUND_S / mean_s))))
+                term.sampler.run_more(_runs_wanted(term.sampler.measurement(), goal))
 
     def close(self) -> None:
         """Store every open term's result and free its session."""
