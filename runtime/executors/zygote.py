@@ -10,6 +10,23 @@ Protocol (newline-delimited JSON over a socketpair; the executor holds the other
     zygote -> executor  {"event": "forked", "id", "pid"} | {"event": "error", "id", "message"}
     executor -> zygote  {"op": "signal", "pid", "signal"}                      to its process group
     zygote -> executor  {"event": "exit", "pid", "status"}                     raw wait status
+    executor -> zygote  {"op": "pool", "size", "run_as", "store_socket", "tracing"}  warm pool
+
+Note [warm pool]: with ``pool`` size k > 0 the zygote keeps k workers forked ahead of need, each
+already confined as far as it can be without knowing its function: signals reset, its own
+process group, connected to the store (only when it drops privileges: the store socket may be
+closed to that user), dropped to the ``run_as`` user (never root: the same
+:func:`~trims.runtime.worker.sandbox.confine` as any worker) and tied to the zygote's life. It
+then waits on its end of a socketpair. A ``fork`` request takes the oldest pooled worker: the
+zygote opens the instance's log (as a fresh fork would, with the zygote's rights), passes the
+descriptor and the request over that socketpair and reports the pooled worker's pid as
+``forked``; the worker takes its log, cwd, environment and memory limit from the request and
+runs that one instance, then exits like any other: a pooled worker is never reused. The pool
+is refilled when the zygote has no request waiting, a moment after the last take (the fork of
+its replacement would otherwise compete for the CPU with the instance that just started). A
+pooled worker that dies before it is taken is reaped silently; after a few such deaths in a
+row the pool stops refilling (logged), so a broken setup never turns into a fork loop; starts
+then fork as without a pool.
 
 Note [fork safety]: the invariants that keep a fork of this process a working worker.
 
@@ -36,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -46,6 +64,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trims.errors import Unavailable
@@ -65,6 +84,14 @@ def _preload(modules: Sequence[str]) -> list[str]:
     return preimport([*modules, *(m for m in WORKER_MODULES if m not in modules)])
 
 
+#: Pooled workers that may die unbound in a row before the pool stops refilling.
+_POOL_FAILURES = 3
+#: Seconds after a start took a pooled worker before its replacement is forked: forking a
+#: process that has torch imported, and confining the child, compete for the CPU with the
+#: starting instance (on 2 cores it made a pooled start slower than a plain fork).
+_REFILL_DELAY_S = 0.25
+
+
 class _ZygoteServer:
     """The zygote process's side: reads fork and signal requests, forks, reaps, reports."""
 
@@ -72,6 +99,14 @@ class _ZygoteServer:
         self.sock = sock
         self.parent_pid = parent_pid
         self.children: set[int] = set()
+        #: Pooled, not yet bound workers (Note [warm pool]): pid -> the zygote's socket end.
+        self.pool: dict[int, socket.socket] = {}
+        self.pool_config: dict[str, Any] = {}
+        #: Pooled workers sent away unbound (the pool shrank): reaped without a report.
+        self.retired: set[int] = set()
+        self.pool_size = 0
+        self.pool_failures = 0
+        self.refill_at = 0.0
         self.buf = b""
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -92,7 +127,7 @@ class _ZygoteServer:
         self.send({"event": "ready", "pid": os.getpid(), "preloaded": preloaded})
         try:
             while True:
-                for key, _ in self.sel.select():
+                for key, _ in self.sel.select(self._refill_timeout()):
                     if key.fileobj is self.sock:
                         if not self._read_requests():
                             return
@@ -100,6 +135,7 @@ class _ZygoteServer:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self.wake_r, 4096)
                 self._reap()
+                self._fill_pool()
         finally:
             self._shutdown()
 
@@ -115,24 +151,89 @@ class _ZygoteServer:
 
     def _handle(self, req: dict[str, Any]) -> None:
         if req["op"] == "fork":
-            try:
-                pid = os.fork()
-            except OSError as e:
-                self.send({"event": "error", "id": req["id"], "message": f"fork failed: {e}"})
-                return
-            if pid == 0:
-                self._child(req)
-            # The child also calls setpgid; doing it here too closes the race with a signal
-            # sent to its group before the child got that far (the shells' job-control idiom).
-            with contextlib.suppress(OSError):
-                os.setpgid(pid, pid)
-            self.children.add(pid)
+            pid = self._take_pooled(req)
+            if pid is None:
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    self.send({"event": "error", "id": req["id"], "message": f"fork failed: {e}"})
+                    return
+                if pid == 0:
+                    self._child(req)
+                # The child also calls setpgid; doing it here too closes the race with a signal
+                # sent to its group before the child got that far (the shells' job-control idiom).
+                with contextlib.suppress(OSError):
+                    os.setpgid(pid, pid)
+                self.children.add(pid)
             self.send({"event": "forked", "id": req["id"], "pid": pid})
+        elif req["op"] == "pool":
+            self.pool_size = max(0, int(req["size"]))
+            self.pool_config = req
+            self.pool_failures = 0
+            for pid in list(self.pool)[self.pool_size :]:
+                self.pool.pop(pid).close()  # EOF: the pooled worker exits
+                self.retired.add(pid)
         elif req["op"] == "signal":
             pid = int(req["pid"])
             if pid in self.children:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, int(req["signal"]))
+
+    def _refill_timeout(self) -> float | None:
+        """How long the loop may block: until a deferred refill is due (None: no limit)."""
+        if len(self.pool) >= self.pool_size or self.pool_failures >= _POOL_FAILURES:
+            return None
+        return max(0.0, self.refill_at - time.monotonic())
+
+    def _fill_pool(self) -> None:
+        """Fork pooled workers up to the pool size (Note [warm pool]), when no request waits
+        and the last take is :data:`_REFILL_DELAY_S` old."""
+        if time.monotonic() < self.refill_at:
+            return
+        while len(self.pool) < self.pool_size and self.pool_failures < _POOL_FAILURES:
+            if self.sel.select(0):
+                return  # a request (or a child's exit) first; refill on the next round
+            ours, theirs = socket.socketpair()
+            try:
+                pid = os.fork()
+            except OSError as e:
+                ours.close()
+                theirs.close()
+                print(f"zygote: warm pool not refilled: fork failed: {e}", file=sys.stderr)
+                return
+            if pid == 0:
+                ours.close()
+                self._pooled_child(theirs)
+            theirs.close()
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)
+            self.children.add(pid)
+            self.pool[pid] = ours
+
+    def _take_pooled(self, req: dict[str, Any]) -> int | None:
+        """Hand ``req`` to the oldest live pooled worker; its pid, or None (fork instead)."""
+        while self.pool:
+            pid = next(iter(self.pool))
+            sock = self.pool.pop(pid)
+            try:
+                fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                             0o640)  # fmt: skip
+            except OSError:
+                self.pool[pid] = sock  # the fresh fork reports the same failure in its log
+                return None
+            try:
+                socket.send_fds(sock, [b"L"], [fd])
+                sock.sendall(json.dumps(req).encode())
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                continue  # it died unbound; _reap drops it
+            finally:
+                os.close(fd)
+                sock.close()
+            self.pool_failures = 0
+            self.refill_at = time.monotonic() + _REFILL_DELAY_S
+            return pid
+        return None
 
     def _reap(self) -> None:
         while self.children:
@@ -143,6 +244,22 @@ class _ZygoteServer:
             if pid == 0:
                 return
             self.children.discard(pid)
+            if pid in self.retired:
+                self.retired.discard(pid)
+                continue
+            sock = self.pool.pop(pid, None)
+            if sock is not None:
+                # Died unbound: the executor never heard of it (Note [warm pool]).
+                sock.close()
+                self.pool_failures += 1
+                if self.pool_failures >= _POOL_FAILURES:
+                    print(
+                        f"zygote: {_POOL_FAILURES} pooled workers died before use (the last "
+                        f"with wait status {status}; see above); the warm pool is off and "
+                        "instances fork at start",
+                        file=sys.stderr, flush=True,
+                    )  # fmt: skip
+                continue
             with contextlib.suppress(OSError):
                 self.send({"event": "exit", "pid": pid, "status": status})
 
@@ -155,29 +272,32 @@ class _ZygoteServer:
                 os.waitpid(pid, 0)
         self.children.clear()
 
+    def _leave_zygote(self) -> None:
+        """In a forked child: drop the zygote's loop, sockets and signal set-up."""
+        signal.set_wakeup_fd(-1)
+        self.sel.close()
+        self.sock.close()
+        for sock in self.pool.values():
+            sock.close()
+        self.pool.clear()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        for sig in (signal.SIGCHLD, *_STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+
     def _child(self, req: dict[str, Any]) -> None:
         """In the forked child: become a clean worker process, run it, never return."""
         rc = 1
         try:
-            signal.set_wakeup_fd(-1)
-            self.sel.close()
-            self.sock.close()
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-            for sig in (signal.SIGCHLD, *_STOP_SIGNALS):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-            os.setpgid(0, 0)
+            _mark("forked")
+            self._leave_zygote()
             fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.close(fd)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
-            os.chdir(req["cwd"])
-            os.environ.clear()
-            os.environ.update(req["env"])
+            _bind(req, fd)
             _reseed()
             rc = _run_worker_argv(req["argv"])
         except SystemExit as e:
@@ -190,15 +310,108 @@ class _ZygoteServer:
                 sys.stderr.flush()
             os._exit(rc)
 
+    def _pooled_child(self, sock: socket.socket) -> None:
+        """A pooled worker (Note [warm pool]): confine, wait for a request, run it; never
+        returns. Before its request it writes to the zygote's stderr."""
+        rc = 1
+        try:
+            self._leave_zygote()
+            prepared = _prepare_pooled(self.pool_config)
+            received = _receive_request(sock)
+            if received is None:
+                rc = 0  # the pool shrank or the zygote is closing
+                return
+            req, fd = received
+            _mark("taken")
+            _bind(req, fd)
+            rc = _run_worker_argv(req["argv"], prepared)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(rc)
+
+
+def _mark(phase: str) -> None:
+    """A step of the worker's start (:class:`trims.runtime.worker.runner.StartPhases`)."""
+    from trims.runtime.worker.runner import PHASES
+
+    PHASES.mark(phase)
+
+
+def _bind(req: dict[str, Any], log_fd: int) -> None:
+    """Take the request's log (``log_fd``, closed here), cwd and environment."""
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+
+
+def _prepare_pooled(config: Mapping[str, Any]) -> Any:
+    """Everything a pooled worker does before it knows its function (Note [warm pool])."""
+    from trims.errors import Unavailable
+    from trims.runtime.client import StoreClient
+    from trims.runtime.worker.imports import TRACING_MODULES, preimport
+    from trims.runtime.worker.runner import Prestarted
+    from trims.runtime.worker.sandbox import Confinement, confine, effective_run_as
+
+    _reseed()
+    if config.get("tracing"):
+        preimport(TRACING_MODULES)
+    run_as = config.get("run_as")
+    store_socket = config.get("store_socket")
+    store: list[Any] = []
+
+    def connect() -> None:
+        # Quietly: a store that is down now is tried again at bind, and logged there.
+        client = StoreClient(Path(store_socket) if store_socket else None)
+        with contextlib.suppress(Unavailable):
+            client.connect()
+            store.append(client)
+
+    # Connected now only where the drop may close the socket to the user; else at bind.
+    dropping = effective_run_as(run_as) is not None and os.geteuid() == 0
+    dropped_to = confine(
+        Confinement(run_as=run_as, parent_pid=os.getppid()), connect if dropping else None
+    )
+    return Prestarted(run_as=run_as, store=store[0] if store else None, dropped_to=dropped_to)
+
+
+def _receive_request(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
+    """Block until the zygote hands this pooled worker a request: (request, log fd), or None
+    on EOF (never bound)."""
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        if not msg or not fds:
+            return None
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    return json.loads(b"".join(chunks)), fds[0]
+
 
 def _reseed() -> None:
-    """Forked children would share the zygote's random state; give each its own."""
+    """Forked children would share the zygote's random state; give each its own.
+
+    torch: the CPU generator (the one the zygote holds) and CUDA's, which is seeded when CUDA
+    initialises in the child; ``torch.seed()`` did the same plus other device types, at 3-6 ms
+    of a start.
+    """
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.seed()
+        seed = torch.default_generator.seed()
+        torch.cuda.manual_seed_all(seed)
 
 
 @functools.cache
@@ -211,14 +424,14 @@ def _worker_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_worker_argv(argv: list[str]) -> int:
+def _run_worker_argv(argv: list[str], prestarted: Any = None) -> int:
     from trims.runtime import worker_cli
     from trims.runtime.worker.runner import run_worker
 
     args = _worker_parser().parse_args(argv)
     if args.log_level:
         os.environ["TRIMS_LOG_LEVEL"] = args.log_level
-    return run_worker(worker_cli.settings_from_args(args))
+    return run_worker(worker_cli.settings_from_args(args), prestarted)
 
 
 def zygote_main(argv: Sequence[str] | None = None) -> int:
@@ -233,6 +446,10 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
     die_with_parent(args.parent_pid)
     preloaded = _preload([m for m in args.preload.split(",") if m])
     _worker_parser()
+    # Everything imported so far lives as long as the zygote: keep the collector away from it
+    # so that a child's collections do not write to (and so copy) every page of it.
+    gc.collect()
+    gc.freeze()
     _ZygoteServer(sock, args.parent_pid).serve(preloaded)
     return 0
 
@@ -381,6 +598,14 @@ class ZygoteHandle:
     def signal(self, pid: int, sig: int) -> None:
         if self.alive():
             self._send({"op": "signal", "pid": pid, "signal": int(sig)})
+
+    def set_pool(
+        self, size: int, *, run_as: str | None, store_socket: str | None, tracing: bool
+    ) -> None:
+        """Keep ``size`` workers forked ahead of need (Note [warm pool]); 0 turns it off."""
+        if self.alive():
+            self._send({"op": "pool", "size": int(size), "run_as": run_as,
+                        "store_socket": store_socket, "tracing": tracing})  # fmt: skip
 
     async def close(self) -> None:
         """EOF to the zygote: it kills and reaps its workers, then exits."""

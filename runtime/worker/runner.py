@@ -46,7 +46,12 @@ from trims.runtime.worker.imports import TRACING_MODULES, WORKER_MODULES, preimp
 from trims.runtime.worker.loader import FunctionCode, load_code
 from trims.runtime.worker.model_set import ModelSet, acquire_models, connect_store
 from trims.runtime.worker.results import check_outputs, to_reply
-from trims.runtime.worker.sandbox import Confinement, confine, verify_unprivileged
+from trims.runtime.worker.sandbox import (
+    Confinement,
+    apply_memory_limit,
+    confine,
+    verify_unprivileged,
+)
 from trims.runtime.worker.server import ListenAddress, WorkerServer
 from trims.runtime.worker.tracing import RequestTrace
 
@@ -67,6 +72,62 @@ class WorkerSettings:
     otlp_endpoint: str | None = None
     #: W3C trace context of whoever started the instance: init and model spans join its trace.
     start_trace: Mapping[str, str] = field(default_factory=dict)
+
+
+class StartPhases:
+    """When each step of this worker's start ended (``CLOCK_MONOTONIC``, which every process on
+    the machine shares, so a caller can line them up with its own clock); logged at debug
+    level once the instance is ready, as the breakdown of an instance start."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.monotonic()))
+
+    def line(self) -> str:
+        """``phase=+ms`` since the first mark, then that mark's monotonic time."""
+        if not self.marks:
+            return "no phases"
+        first = self.marks[0][1]
+        steps = ", ".join(f"{name} +{(t - first) * 1e3:.1f}" for name, t in self.marks)
+        return f"{steps} ms (from monotonic {first:.6f})"
+
+
+#: This process's start (one worker per process).
+PHASES = StartPhases()
+
+
+@dataclass(frozen=True)
+class Prestarted:
+    """A pooled worker's state before it knew its function (Note [warm pool] in
+    :mod:`trims.runtime.executors.zygote`): already confined but for the memory limit."""
+
+    #: The ``run_as`` it was confined for; a request asking for another user is refused.
+    run_as: str | None
+    #: A StoreClient connected before the drop (None: not connected yet).
+    store: Any
+    #: The user it dropped to (None: it runs as its own user).
+    dropped_to: str | None
+
+
+def _bind_prestarted(settings: WorkerSettings, pre: Prestarted) -> Any:
+    """Finish a pooled worker's confinement for ``settings``; the store client to use."""
+    c = settings.confinement
+    if c.run_as != pre.run_as:
+        raise TrimsError(
+            f"pooled worker confined for user {pre.run_as!r} was handed an instance for "
+            f"{c.run_as!r}; restart the gateway (its warm pool and its --run-as disagree)"
+        )
+    if c.memory_bytes is not None:
+        apply_memory_limit(c.memory_bytes, c.threads)
+    store = pre.store
+    if settings.spec.models and store is None:
+        store = connect_store(settings.store_socket)
+    elif not settings.spec.models and store is not None:
+        store.close()
+        store = None
+    return store
 
 
 class Worker:
@@ -105,6 +166,7 @@ class Worker:
     async def initialize(self) -> None:
         """Acquire models, import code, run init(ctx). Raises with the reason on failure."""
         self._check_confinement()
+        PHASES.mark("checked")
         t0 = time.perf_counter()
         parent = _extract(self.settings.start_trace) if self.settings.start_trace else None
         with _tracer.start_as_current_span(
@@ -114,8 +176,10 @@ class Worker:
             self._models = await self._call(acquire_models, False, self.spec, self._store)
             if self.spec.models:
                 self.model_acquire_s = time.perf_counter() - t_models
+                PHASES.mark("models")
             code: FunctionCode = await self._call(load_code, False, self.spec)
             self._code = code
+            PHASES.mark("imported")
             self._ctx = Context(
                 function=self.spec.name,
                 instance_id=self.settings.instance_id,
@@ -126,6 +190,8 @@ class Worker:
             )
             if code.init is not None:
                 await self._call(code.init, asyncio.iscoroutinefunction(code.init), self._ctx)
+                PHASES.mark("init")
+        log.debug("instance %s start phases: %s", self.settings.instance_id, PHASES.line())
         log.info(
             "instance %s of %s ready in %.1f ms",
             self.settings.instance_id, self.spec.name, (time.perf_counter() - t0) * 1e3,
@@ -256,6 +322,7 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
         loop.add_signal_handler(sig, stop.set)
     worker = Worker(settings, store, dropped_to)
     await worker.server.start()
+    PHASES.mark("listening")
     try:
         try:
             await worker.initialize()
@@ -305,8 +372,11 @@ def size_thread_pools(cpus: float | None) -> None:
         torch.set_num_threads(int(threads) if threads.isdigit() else int(n))
 
 
-def run_worker(settings: WorkerSettings) -> int:
-    """The worker process's main: set up telemetry, confine, serve until SIGTERM."""
+def run_worker(settings: WorkerSettings, prestarted: Prestarted | None = None) -> int:
+    """The worker process's main: set up telemetry, confine, serve until SIGTERM.
+
+    ``prestarted``: this is a pooled worker, confined before it knew ``settings`` (only the
+    memory limit and, without a drop, the store connection are left to do)."""
     import uvloop
 
     from trims.telemetry import setup_logging, setup_tracing
@@ -314,18 +384,25 @@ def run_worker(settings: WorkerSettings) -> int:
     # Everything the worker imports, imported while it may still read the project's files
     # (a no-op in a zygote child, which inherited them): see trims.runtime.worker.imports.
     # Telemetry is set up before the drop too: the exporter imports its transport lazily.
+    PHASES.mark("main")
     preimport(WORKER_MODULES + (TRACING_MODULES if settings.otlp_endpoint else ()))
     setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
+    PHASES.mark("telemetry")
     store: list[Any] = []
-    if settings.spec.models:
+    if prestarted is not None:
+        client = _bind_prestarted(settings, prestarted)
+        store = [client] if client is not None else []
+        dropped_to = prestarted.dropped_to
+    elif settings.spec.models:
         dropped_to = confine(
             settings.confinement, lambda: store.append(connect_store(settings.store_socket))
         )
     else:
         dropped_to = confine(settings.confinement)
     size_thread_pools(settings.spec.resources.cpus)
+    PHASES.mark("confined")
     try:
         return uvloop.run(_serve(settings, store[0] if store else None, dropped_to))
     finally:
