@@ -51,6 +51,20 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             "(scaling.max_body_bytes)",
             limit=limit,
         )
+    content = request.content
+    if content.is_eof():
+        # The whole body arrived with the head (a small request): nothing to wait for, so
+        # no stall timer (the hot path of small invocations).
+        body = await content.read()
+        if len(body) > limit:
+            raise PayloadTooLarge(
+                f"request body of {len(body)} bytes exceeds this function's limit of {limit} "
+                "bytes (scaling.max_body_bytes)",
+                limit=limit,
+            )
+        if declared is not None and len(body) != declared:
+            raise RequestError(f"the body ended after {len(body)} of {declared} declared bytes")
+        return body
     chunks: list[bytes] = []
     total = 0
     while True:

@@ -274,6 +274,11 @@ def http_metrics_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[
     """An aiohttp middleware counting every request by its route template and status, the
     gateway's own refusals included (it runs outside the error middleware)."""
 
+    #: (route, method, status) -> its two series: ``labels()`` takes a lock and builds a key
+    #: on every call, so the children are looked up once. Bounded like the series set itself
+    #: (route templates x methods x statuses).
+    children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.monotonic()
@@ -289,8 +294,15 @@ def http_metrics_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[
             info = request.match_info.route.resource
             route = info.canonical if info is not None else "unmatched"
             method = request.method if request.method in _METHODS else "other"
-            metrics.http_requests.labels(route, method, str(status)).inc()
-            metrics.http_duration.labels(route, method).observe(time.monotonic() - started)
+            key = (route, method, str(status))
+            series = children.get(key)
+            if series is None:
+                series = children[key] = (
+                    metrics.http_requests.labels(*key),
+                    metrics.http_duration.labels(route, method),
+                )
+            series[0].inc()
+            series[1].observe(time.monotonic() - started)
 
     return middleware
 

@@ -3,6 +3,12 @@
 ``connect`` waits for the worker's HELLO; ``request`` sends a frame and awaits the frame with
 the same id. When the stream ends, every waiting request fails with :class:`ConnectionLost`
 (the instance turns that into an UpstreamError naming why the process died).
+
+Note [coalesced writes]: uvloop writes to the socket at once on every ``writelines``, so N
+requests started in one event-loop iteration would cost N ``sendmsg`` calls. Frames are
+queued instead and written together by one callback at the end of the iteration
+(:class:`~trims.runtime.wire.FrameWriter`): one system call per iteration whatever the
+concurrency, and at concurrency 1 a delay of one loop callback (microseconds).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from trims.errors import ProtocolError, UpstreamError, ValidationError
-from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
+from trims.runtime.wire import Frame, FrameReader, FrameWriter, Kind, encode_frame
 
 
 class ConnectionLost(Exception):
@@ -24,12 +30,14 @@ class _ClientProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self._reader = FrameReader()
         self.transport: asyncio.Transport | None = None
+        self.writer = FrameWriter()
         self.hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.closed = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.writer.attach(self.transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -50,6 +58,7 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.writer.detach()
         self._fail(ConnectionLost(str(exc) if exc else "worker closed the connection"))
         self.closed.set()
 
@@ -104,7 +113,7 @@ class WorkerConnection:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Frame] = loop.create_future()
         self._p.pending[rid] = fut
-        transport.writelines(encode_frame(rid, kind, meta, body))
+        self._p.writer.send(encode_frame(rid, kind, meta, body))
         # A timer on the future itself: cheaper than asyncio.wait_for on this hot path.
         timer = loop.call_later(timeout, _expire, fut)
         try:
@@ -112,13 +121,14 @@ class WorkerConnection:
         except (TimeoutError, asyncio.CancelledError):
             self._p.pending.pop(rid, None)
             if self._p.transport is not None:
-                self._p.transport.writelines(encode_frame(rid, Kind.CANCEL))
+                self._p.writer.send(encode_frame(rid, Kind.CANCEL))
             raise
         finally:
             timer.cancel()
 
     def close(self) -> None:
         if self._p.transport is not None:
+            self._p.writer.flush()
             self._p.transport.close()
 
 

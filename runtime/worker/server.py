@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from trims.errors import ProtocolError, TrimsError, Unavailable, ValidationError
-from trims.runtime.wire import Frame, FrameReader, Kind, encode_frame
+from trims.runtime.wire import Frame, FrameReader, FrameWriter, Kind, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,31 @@ class _Connection(asyncio.Protocol):
         self._reader = FrameReader()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self.transport: asyncio.Transport | None = None
+        #: Replies finished in one loop iteration leave in one write (Note [coalesced writes]
+        #: in trims.runtime.worker.client).
+        self._writer = FrameWriter()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self._writer.attach(self.transport)
         self._server._connected(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._writer.detach()
         self._server._disconnected(self)
         for task in self._tasks.values():
             task.cancel()
 
     def send(self, request_id: int, kind: Kind, meta: dict[str, Any] | None, body: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(encode_frame(request_id, kind, meta, body))
+            self._writer.send(encode_frame(request_id, kind, meta, body))
+
+    def close(self) -> None:
+        """Write what is queued, then close the stream."""
+        if self.transport is not None:
+            self._writer.flush()
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -132,7 +144,12 @@ class WorkerServer:
         log.debug("worker listening on %s", self.address)
 
     def set_ready(self, **info: Any) -> None:
-        """Tell every client the instance is ready; ``info`` (e.g. model_acquire_s) rides along."""
+        """Tell every client the instance is ready; ``info`` (e.g. model_acquire_s) rides along.
+
+        What init made lives as long as the instance: it is frozen out of the garbage
+        collector's full passes first (Note [gc tail] in trims.runtime.gateway.server).
+        """
+        gc.freeze()
         self._state = {**self._hello, **info, "state": "ready"}
         for conn in list(self._connections):
             conn.send(0, Kind.HELLO, self._state, b"")
@@ -181,8 +198,7 @@ class WorkerServer:
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         await asyncio.sleep(0)
         if self.address.kind == "unix":
             with contextlib.suppress(FileNotFoundError):
