@@ -13,9 +13,17 @@ Modes (one function per run, deployed fresh so it has no instance; its model is 
   and onnxruntime imported) acquires the model from the daemon.
 * ``warm``: the next request to that running instance.
 
-The handler's init maps the weights and its request reads the first 4 KiB of one tensor, so a
-run measures start, acquire and one request, not a forward pass over all the weights. JSON:
-``{"results": [{"mode", "model_mb", "median_s", "min_s", "max_s"}], ...}``.
+With ``--handler touch`` (the default) the handler's init maps the weights and its request
+reads the first 4 KiB of one tensor, so a run measures start, acquire and one request, not a
+forward pass over all the weights. ``--handler full`` makes every request a full pass: a
+matrix-vector product over every tensor, so the first request pays for faulting in all the
+weights, as a real model's does.
+
+Each cold row also splits the time into ``start`` (the instance start the gateway observed:
+its ``trims_cold_start_seconds`` metric for that function) and ``request`` (the rest: the first
+request, through the gateway). JSON: ``{"results": [{"mode", "model_mb", "median_s", "min_s",
+"max_s", "start_median_s", "request_median_s"}], "handler", ...}`` (the split is null for
+``warm``).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runtime_common import (
     local_gateway,
     machine,
+    parse_metric,
     pid_alive,
     start_daemon,
     summary,
@@ -46,7 +55,8 @@ from runtime_common import (
 MODES = ("no_store", "store", "store_zygote", "warm")
 EXECUTOR_OF = {"no_store": "spawn-direct", "store": "spawn-store", "store_zygote": "local"}
 
-HANDLER = """
+HANDLERS = {
+    "touch": """
 import os
 
 def init(ctx):
@@ -56,7 +66,24 @@ def init(ctx):
 def handler(request, ctx):
     first = ctx.state["first"]
     return f"{float(first[:1024].sum())} {os.getpid()}"
-"""
+""",
+    "full": """
+import os
+
+import numpy as np
+
+def init(ctx):
+    ctx.state["weights"] = list(ctx.models["weights"].numpy().values())
+
+def handler(request, ctx):
+    total = 0.0
+    for w in ctx.state["weights"]:
+        flat = w.reshape(-1)
+        rows = flat[: flat.size // 1024 * 1024].reshape(-1, 1024)
+        total += float((rows @ np.ones(1024, dtype=w.dtype)).sum()) + float(flat[rows.size :].sum())
+    return f"{total} {os.getpid()}"
+""",
+}
 
 
 def evict_page_cache(path: Path) -> None:
@@ -68,15 +95,29 @@ def evict_page_cache(path: Path) -> None:
         os.close(fd)
 
 
+async def instance_start_s(session: Any, url: str, name: str) -> float | None:
+    """How long the gateway took to start ``name``'s instance (its cold-start metric)."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return parse_metric(text, "trims_cold_start_seconds_sum", {"function": name})
+
+
 async def run_modes(
-    root: Path, store_socket: Path, models: dict[int, Path], runs: int, keep_cache: bool
-) -> dict[tuple[str, int], list[float]]:
+    root: Path,
+    store_socket: Path,
+    models: dict[int, Path],
+    runs: int,
+    keep_cache: bool,
+    handler: str = "touch",
+) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], list[float]]]:
+    """Times per (mode, size) of the first response, and of its instance's start."""
     import aiohttp
 
     code = root / "code"
     code.mkdir()
-    (code / "coldfn.py").write_text(HANDLER)
+    (code / "coldfn.py").write_text(HANDLERS[handler])
     times: dict[tuple[str, int], list[float]] = {}
+    starts: dict[tuple[str, int], list[float]] = {}
     async with local_gateway(root, store_socket) as url, aiohttp.ClientSession() as session:
         for mb, path in models.items():
             for run in range(runs):
@@ -100,6 +141,9 @@ async def run_modes(
                     elapsed = time.perf_counter() - t0
                     assert r.status == 200, body
                     times.setdefault((mode, mb), []).append(elapsed)
+                    start = await instance_start_s(session, url, name)
+                    if start is not None:
+                        starts.setdefault((mode, mb), []).append(start)
                     if mode == "store_zygote":
                         t0 = time.perf_counter()
                         async with session.post(f"{url}/v1/functions/{name}/invoke") as r:
@@ -114,7 +158,7 @@ async def run_modes(
                         f"{mode:>13} {mb:>5} MB run {run}: {elapsed * 1e3:8.1f} ms",
                         file=sys.stderr,
                     )
-    return times
+    return times, starts
 
 
 def plot(results: list[dict[str, Any]], sizes: list[int], path: Path) -> None:
@@ -142,12 +186,42 @@ def plot(results: list[dict[str, Any]], sizes: list[int], path: Path) -> None:
     plt.close(fig)
 
 
+def split(
+    times: dict[tuple[str, int], list[float]],
+    starts: dict[tuple[str, int], list[float]],
+    mode: str,
+    mb: int,
+) -> dict[str, float | None]:
+    """Median instance start, and median of (first response - start), of one mode and size."""
+    import statistics
+
+    begun = starts.get((mode, mb), [])
+    if len(begun) != len(times[(mode, mb)]):
+        return {"start_median_s": None, "request_median_s": None}
+    return {
+        "start_median_s": statistics.median(begun),
+        "request_median_s": statistics.median(
+            t - s for t, s in zip(times[(mode, mb)], begun, strict=True)
+        ),
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model-mb", default="100,1000", help="comma-separated model sizes")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep-page-cache", action="store_true")
+    parser.add_argument(
+        "--handler",
+        choices=sorted(HANDLERS),
+        default="touch",
+        help="touch: read 4 KiB of the weights per request; full: read all of them",
+    )
     parser.add_argument("--plot", type=Path, help="also draw the medians (PNG or SVG) here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.model_mb.split(",") if s]
@@ -170,13 +244,18 @@ def main() -> int:
                     client.add(f"w{mb}", path)
                     client.load(f"w{mb}", tier="cpu")
                     models[mb] = path
-            times = uvloop.run(
-                run_modes(root, store_socket, models, args.runs, args.keep_page_cache)
+            times, starts = uvloop.run(
+                run_modes(root, store_socket, models, args.runs, args.keep_page_cache, args.handler)
             )
         finally:
             daemon.stop()
     results = [
-        {"mode": mode, "model_mb": mb, **summary(times[(mode, mb)])}
+        {
+            "mode": mode,
+            "model_mb": mb,
+            **summary(times[(mode, mb)]),
+            **split(times, starts, mode, mb),
+        }
         for mb in sizes
         for mode in MODES
     ]
@@ -185,14 +264,17 @@ def main() -> int:
     write_json(
         args.json,
         {"results": results, "speedup_store_zygote_vs_no_store": speedups, "runs": args.runs,
-         "page_cache_evicted": not args.keep_page_cache, "machine": where},
+         "page_cache_evicted": not args.keep_page_cache, "handler": args.handler,
+         "machine": where},
     )  # fmt: skip
     rows = [
         [r["mode"], r["model_mb"], f"{r['median_s'] * 1e3:.1f}", f"{r['min_s'] * 1e3:.1f}",
-         f"{r['max_s'] * 1e3:.1f}"]
+         f"{r['max_s'] * 1e3:.1f}", _ms(r["start_median_s"]), _ms(r["request_median_s"])]
         for r in results
     ]  # fmt: skip
-    print(markdown_table(["mode", "model MB", "median ms", "min ms", "max ms"], rows))
+    print(f"handler: {args.handler}")
+    print(markdown_table(["mode", "model MB", "median ms", "min ms", "max ms", "start ms",
+                          "first request ms"], rows))  # fmt: skip
     if args.plot is not None:
         plot(results, sizes, args.plot)
     for size, speedup in speedups.items():

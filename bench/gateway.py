@@ -3,12 +3,27 @@
     python bench/gateway.py --concurrency 16 --seconds 10 --json OUT.json
 
 Both servers run as their own processes and are loaded by the same load generator, itself a
-separate process (aiohttp on uvloop, keep-alive connections, ``--concurrency`` requests in
-flight, the first second discarded as warm-up). The echo function is ``examples/echo`` on the
-local executor: every request goes client -> gateway -> worker (Unix socket) -> gateway ->
-client, where the bare server answers directly. The pair is measured ``--repeat`` times,
-alternating, and medians are reported (the ratio is of the median rates). Writes
-``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", ...}`` and prints a markdown table.
+separate process (aiohttp on uvloop, keep-alive connections, the first second discarded as
+warm-up). The echo function is ``examples/echo`` on the local executor: every request goes
+client -> gateway -> worker (Unix socket) -> gateway -> client, where the bare server answers
+directly. The pair is measured ``--repeat`` times, alternating, and medians are reported (the
+ratio is of the median rates).
+
+Two load shapes (``--modes closed,open``, both by default):
+
+* closed loop: ``--concurrency`` requests in flight, each sent when the previous answered;
+  latency from sending to the answer. This measures capacity, but a slow answer also delays
+  the requests behind it, so its tail understates what users see (coordinated omission).
+* open loop: requests fired on a fixed schedule (``--open-rate`` req/s, or by default
+  ``--open-fraction`` of the closed-loop rate the same server reached in the same repeat),
+  whether or not earlier ones have answered; latency from each request's *scheduled* time,
+  so time queued anywhere, the load generator included, counts. Reported beside the closed
+  loop as ``{server}_open_offered_rps``, ``_rps``, ``_p50_ms``, ``_p99_ms`` and
+  ``_send_lag_p99_ms`` (how late the load generator itself sent; a single Python process
+  cannot keep a schedule near its own capacity, and the output says when that happened).
+
+Writes ``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", ...}`` and prints a markdown
+table.
 """
 
 from __future__ import annotations
@@ -20,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_common import (
     REPO,
+    closed_loop,
     cpu_seconds,
     machine,
+    open_loop,
     start,
     start_gateway,
     tree_pids,
@@ -63,58 +79,48 @@ def serve_bare() -> None:
     uvloop.run(main())
 
 
-async def _load(url: str, concurrency: int, seconds: float, warmup_s: float) -> dict[str, Any]:
+async def _load(url: str, concurrency: int, seconds: float, rate: float | None) -> dict[str, Any]:
+    """A closed loop of ``concurrency`` clients, or an open loop at ``rate`` req/s."""
     import aiohttp
 
-    latencies: list[float] = []
-    errors = 0
-    start = time.perf_counter()
-    measure_from = start + warmup_s
-    stop_at = measure_from + seconds
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    connector = aiohttp.TCPConnector(limit=max(64, concurrency) if rate else concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def worker() -> None:
-            nonlocal errors
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop_at:
-                    return
+        async def send() -> bool:
+            try:
                 async with session.post(url, data=BODY) as r:
                     await r.read()
-                    ok = r.status == 200
-                t1 = time.perf_counter()
-                if t0 >= measure_from:
-                    if ok:
-                        latencies.append(t1 - t0)
-                    else:
-                        errors += 1
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    latencies.sort()
-    n = len(latencies)
-    return {
-        "requests": n,
-        "errors": errors,
-        "rps": n / seconds,
-        "p50_ms": latencies[n // 2] * 1e3 if n else None,
-        "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1e3 if n else None,
-    }
+        if rate is None:
+            return await closed_loop(send, concurrency, seconds)
+        return await open_loop(send, rate, seconds)
 
 
-def loadgen(url: str, concurrency: int, seconds: float) -> None:
+#: An open-loop run whose requests left later than this (p99, ms) is flagged in the output:
+#: twice the 1 ms resolution of uvloop's timers, which delays some sends by design.
+LATE_MS = 2.0
+
+
+def loadgen(url: str, concurrency: int, seconds: float, rate: float | None) -> None:
     import uvloop
 
-    print(json.dumps(uvloop.run(_load(url, concurrency, seconds, 1.0))))
+    print(json.dumps(uvloop.run(_load(url, concurrency, seconds, rate))))
 
 
-def measure(url: str, concurrency: int, seconds: float, server_pid: int) -> dict[str, Any]:
-    """Load ``url``; also the CPU the server's process tree spent per request."""
+def measure(
+    url: str, concurrency: int, seconds: float, server_pid: int, rate: float | None = None
+) -> dict[str, Any]:
+    """Load ``url`` (closed loop, or open loop at ``rate`` req/s); also the CPU the server's
+    process tree spent per request."""
     pids = tree_pids(server_pid)
     before = cpu_seconds(pids)
+    open_loop = ["--open-rate", str(rate)] if rate is not None else []
     out = subprocess.run(
         [sys.executable, __file__, "--loadgen", url, "--concurrency", str(concurrency),
-         "--seconds", str(seconds)],
+         "--seconds", str(seconds), *open_loop],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout)
@@ -143,11 +149,106 @@ def deploy_echo(url: str) -> None:
     assert urllib.request.urlopen(invoke, timeout=120).read() == BODY
 
 
+MODES = ("closed", "open")
+SERVERS = ("echo", "bare")
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(
+            f"--modes {text!r}: give closed, open or closed,open (unknown: {', '.join(unknown)})"
+        )
+    return modes
+
+
+def run_pair(
+    urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """One repeat: each server in each mode, bare first; ``{"echo": ..., "echo_open": ...}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for server in ("bare", "echo"):
+        if "closed" in args.modes:
+            out[server] = measure(urls[server], args.concurrency, args.seconds, pids[server])
+    for server in ("bare", "echo"):
+        if "open" in args.modes:
+            rate = args.open_rate or args.open_fraction * out[server]["rps"]
+            out[f"{server}_open"] = measure(
+                urls[server], args.concurrency, args.seconds, pids[server], max(rate, 1.0)
+            )
+    return out
+
+
+def summarize_runs(
+    runs: list[dict[str, dict[str, Any]]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Medians over the repeats, flat: ``echo_rps``, ``bare_open_p99_ms``, ... and the ratios."""
+
+    def med(run: str, key: str) -> float | None:
+        values = [r[run][key] for r in runs if r[run][key] is not None]
+        return statistics.median(values) if values else None
+
+    doc: dict[str, Any] = {"modes": list(args.modes)}
+    keys = ("rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")
+    for server in SERVERS:
+        if "closed" in args.modes:
+            for key in keys:
+                doc[f"{server}_{key}"] = med(server, key)
+        if "open" in args.modes:
+            for key in ("offered_rps", *keys, "send_lag_p99_ms"):
+                doc[f"{server}_open_{key}"] = med(f"{server}_open", key)
+    if "closed" in args.modes:
+        doc["ratio"] = doc["echo_rps"] / doc["bare_rps"]
+        doc["ratios"] = [r["echo"]["rps"] / r["bare"]["rps"] for r in runs]
+    if "open" in args.modes:
+        doc["open_fraction"] = None if args.open_rate else args.open_fraction
+        doc["open_rate"] = args.open_rate
+    doc.update(
+        errors=sum(m["errors"] for r in runs for m in r.values()),
+        concurrency=args.concurrency,
+        seconds=args.seconds,
+        repeat=args.repeat,
+    )
+    return doc
+
+
+def table(doc: dict[str, Any]) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    rows = []
+    for server, label in (
+        ("echo", "echo via gateway (gateway + worker)"),
+        ("bare", "bare aiohttp"),
+    ):
+        if f"{server}_rps" in doc:
+            closed = f"closed, c={doc['concurrency']}"
+            rows.append([label, closed, "-", f"{doc[server + '_rps']:.0f}",
+                         ms(doc[f"{server}_p50_ms"]), ms(doc[f"{server}_p99_ms"]),
+                         f"{doc[server + '_server_cpu_ms_per_request']:.3f}"])  # fmt: skip
+        if f"{server}_open_rps" in doc:
+            p = f"{server}_open_"
+            rows.append([label, "open", f"{doc[p + 'offered_rps']:.0f}", f"{doc[p + 'rps']:.0f}",
+                         ms(doc[p + "p50_ms"]), ms(doc[p + "p99_ms"]),
+                         f"{doc[p + 'server_cpu_ms_per_request']:.3f}"])  # fmt: skip
+    head = ["server", "load", "offered req/s", "req/s", "p50 ms", "p99 ms", "server CPU ms/request"]
+    return markdown_table(head, rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs; medians reported")
+    parser.add_argument("--modes", type=parse_modes, default=MODES,
+                        help="closed, open or closed,open (default both)")  # fmt: skip
+    parser.add_argument("--open-fraction", type=float, default=0.8,
+                        help="open-loop rate as a fraction of the same server's closed-loop "
+                        "rate in the same repeat (default 0.8)")  # fmt: skip
+    parser.add_argument("--open-rate", type=float, default=None,
+                        help="open-loop rate in req/s for both servers, instead of the "
+                        "fraction")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loadgen", metavar="URL", help=argparse.SUPPRESS)
@@ -156,8 +257,12 @@ def main() -> int:
         serve_bare()
         return 0
     if args.loadgen:
-        loadgen(args.loadgen, args.concurrency, args.seconds)
+        loadgen(args.loadgen, args.concurrency, args.seconds, args.open_rate)
         return 0
+    if "closed" not in args.modes and args.open_rate is None:
+        parser.error("--modes open alone needs --open-rate (the fraction is of a closed-loop rate)")
+    if args.open_rate is not None and args.open_rate <= 0:
+        parser.error(f"--open-rate {args.open_rate:g}: give a positive rate in req/s")
 
     with tempfile.TemporaryDirectory(prefix="trims-bench-gw-") as tmp:
         root = Path(tmp)
@@ -169,43 +274,33 @@ def main() -> int:
         )
         try:
             deploy_echo(url)
-            bare_url = f"http://127.0.0.1:{bare.match.group(1)}/"
-            echo_url = f"{url}/v1/functions/echo/invoke"
-            pairs = []
-            for _ in range(args.repeat):  # alternate, so both see the same background load
-                b = measure(bare_url, args.concurrency, args.seconds, bare.proc.pid)
-                e = measure(echo_url, args.concurrency, args.seconds, gateway.proc.pid)
-                pairs.append((e, b))
+            urls = {
+                "bare": f"http://127.0.0.1:{bare.match.group(1)}/",
+                "echo": f"{url}/v1/functions/echo/invoke",
+            }
+            pids = {"bare": bare.proc.pid, "echo": gateway.proc.pid}
+            # alternate, so both see the same background load
+            runs = [run_pair(urls, pids, args) for _ in range(args.repeat)]
         finally:
             gateway.stop()
             bare.stop()
 
-    def med(side: int, key: str) -> float:
-        return statistics.median(p[side][key] for p in pairs)
-
-    doc: dict[str, Any] = {}
-    for side, name in ((0, "echo"), (1, "bare")):
-        for key in ("rps", "p50_ms", "p99_ms"):
-            doc[f"{name}_{key}"] = med(side, key)
-        doc[f"{name}_cpu_ms_per_request"] = med(side, "server_cpu_ms_per_request")
-    doc.update(
-        ratio=doc["echo_rps"] / doc["bare_rps"],
-        ratios=[e["rps"] / b["rps"] for e, b in pairs],
-        errors=sum(e["errors"] + b["errors"] for e, b in pairs),
-        concurrency=args.concurrency,
-        seconds=args.seconds,
-        repeat=args.repeat,
-        machine=where,
-    )
+    doc = summarize_runs(runs, args)
+    doc["machine"] = where
     write_json(args.json, doc)
-    rows = [
-        [label, f"{doc[k + '_rps']:.0f}", f"{doc[k + '_p50_ms']:.2f}", f"{doc[k + '_p99_ms']:.2f}",
-         f"{doc[k + '_cpu_ms_per_request']:.3f}"]
-        for label, k in (("echo via gateway (gateway + worker)", "echo"), ("bare aiohttp", "bare"))
-    ]  # fmt: skip
-    table = markdown_table(["server", "req/s", "p50 ms", "p99 ms", "server CPU ms/request"], rows)
-    ratios = ", ".join(f"{r:.2f}" for r in doc["ratios"])
-    print(f"{table}\n\necho / bare = {doc['ratio']:.2f} (runs: {ratios}; {where})")
+    text = table(doc)
+    if "ratio" in doc:
+        ratios = ", ".join(f"{r:.2f}" for r in doc["ratios"])
+        text += f"\n\necho / bare = {doc['ratio']:.2f} (runs: {ratios}; {where})"
+    for server in SERVERS:
+        lag = doc.get(f"{server}_open_send_lag_p99_ms")
+        if lag is not None and lag > LATE_MS:
+            text += (
+                f"\n\n{server}, open loop: the load generator sent its requests up to {lag:.1f} ms "
+                "late (p99), so it, not only the server, limits that row; its latencies count the "
+                "wait (lower --open-fraction to see the server alone)"
+            )
+    print(text)
     return 0
 
 

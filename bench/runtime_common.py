@@ -6,7 +6,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,4 +171,136 @@ def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
         except psutil.NoSuchProcess:
             continue
         out[pid] = times.user + times.system
+    return out
+
+
+def drop_caches() -> str | None:
+    """Write back dirty pages and drop the page cache, dentries and inodes (``echo 3 >
+    /proc/sys/vm/drop_caches``); why it could not, or None."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        return f"cannot drop caches ({e}); run as root on a host whose /proc/sys is writable"
+    return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (for servers that cannot bind port 0)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def parse_metric(text: str, name: str, labels: dict[str, str]) -> float | None:
+    """The value of sample ``name{labels...}`` in Prometheus text, or None."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head == name:
+            found: set[str] = set()
+        elif head.startswith(name + "{") and head.endswith("}"):
+            found = set(head[len(name) + 1 : -1].split(","))
+        else:
+            continue
+        if want <= found:
+            return float(value)
+    return None
+
+
+def latency_summary(latencies: Sequence[float], seconds: float, errors: int) -> dict[str, Any]:
+    """Requests/s over ``seconds``, p50 and p99 in ms of ``latencies`` (seconds)."""
+    ordered = sorted(latencies)
+    n = len(ordered)
+    return {
+        "requests": n,
+        "errors": errors,
+        "rps": n / seconds if seconds > 0 else 0.0,
+        "p50_ms": ordered[n // 2] * 1e3 if n else None,
+        "p99_ms": ordered[min(n - 1, int(n * 0.99))] * 1e3 if n else None,
+    }
+
+
+async def closed_loop(
+    send: Callable[[], Awaitable[bool]], concurrency: int, seconds: float, warmup_s: float = 1.0
+) -> dict[str, Any]:
+    """``concurrency`` clients each sending the next request when the last one is answered;
+    ``send`` returns whether the answer was right. Measured after ``warmup_s``."""
+    import asyncio
+    import time
+
+    latencies: list[float] = []
+    errors = 0
+    start = time.perf_counter() + warmup_s
+    stop_at = start + seconds
+
+    async def client() -> None:
+        nonlocal errors
+        while (t0 := time.perf_counter()) < stop_at:
+            ok = await send()
+            if t0 >= start:
+                if ok:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return latency_summary(latencies, seconds, errors)
+
+
+#: Seconds an open loop waits, after its last scheduled request, for the ones in flight; those
+#: still unanswered then count as errors.
+OPEN_DRAIN_S = 10.0
+
+
+async def open_loop(
+    send: Callable[[], Awaitable[bool]], rate: float, seconds: float, warmup_s: float = 1.0
+) -> dict[str, Any]:
+    """Requests sent at ``rate`` per second on a fixed schedule whether or not earlier ones
+    were answered; each latency counts from its scheduled send time, so queueing shows (a
+    closed loop hides it: coordinated omission). ``send_lag_p99_ms`` says how late the
+    generator itself sent (near its own capacity it cannot keep the schedule)."""
+    import asyncio
+    import time
+
+    latencies: list[float] = []
+    lags: list[float] = []
+    errors = 0
+    start = time.perf_counter()
+    measure_from = start + warmup_s
+    stop_at = measure_from + seconds
+
+    async def one(scheduled: float) -> None:
+        nonlocal errors
+        measured = scheduled >= measure_from
+        if measured:
+            lags.append(time.perf_counter() - scheduled)
+        ok = await send()
+        if measured:
+            if ok:
+                latencies.append(time.perf_counter() - scheduled)
+            else:
+                errors += 1
+
+    tasks: set[asyncio.Task[None]] = set()
+    sent = 0
+    while (scheduled := start + sent / rate) < stop_at:
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        sent += 1
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=OPEN_DRAIN_S)
+        for task in late:
+            task.cancel()
+        errors += len(late)
+    lags.sort()
+    out = latency_summary(latencies, seconds, errors)
+    out["rate"] = out["offered_rps"] = rate
+    out["send_lag_p99_ms"] = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1e3 if lags else None
     return out

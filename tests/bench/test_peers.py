@@ -1,0 +1,88 @@
+"""bench/peers.py runs end to end at toy sizes and writes the JSON and tables issue 12 names.
+
+The trims side always runs (a tiny model: 16 layers of 64 x 64); MLServer's only where its venv
+is (``python bench/peers.py --setup``). No timing is asserted: performance lives in bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from peers import render_markdown, venv_python  # noqa: E402
+
+COLD_KEYS = {"system", "case", "cache", "first_response_ms", "warm_ms", "overhead_ms",
+             "min_ms", "max_ms", "runs"}  # fmt: skip
+MEMORY_KEYS = {"system", "replicas", "pss_mib", "model_mib"}
+THROUGHPUT_KEYS = {"system", "concurrency", "rps", "p50_ms", "p99_ms", "mode", "rate"}
+
+
+def _peers(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "peers.py"), "--quick", "--runs", "1", "--width", "64",
+         "--model-mb", "1", "--keep-page-cache", "--seconds", "0.5", "--json", str(out),
+         "--markdown", str(md), *args],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text()), md.read_text()
+
+
+def _check_shape(doc: dict[str, Any], systems: set[str]) -> None:
+    assert doc["quick"] is True
+    cold = doc["cold_start"]
+    assert {r["system"] for r in cold} == systems
+    for r in cold:
+        assert set(r) >= COLD_KEYS
+        assert r["min_ms"] <= r["first_response_ms"] <= r["max_ms"] and r["runs"] == 1
+    trims_cases = {(r["case"], r["tier"]) for r in cold if r["system"] == "trims"}
+    assert trims_cases == {("scale_from_zero", "cpu"), ("scale_from_zero", "disk")}
+    if "mlserver" in systems:
+        assert {r["case"] for r in cold if r["system"] == "mlserver"} == {"load", "process_start"}
+    assert {r["system"] for r in doc["memory"]} == systems
+    for r in doc["memory"]:
+        assert set(r) >= MEMORY_KEYS and r["replicas"] == 2 and r["pss_mib"] > 0
+    loops = {(r["system"], r["mode"], r["concurrency"]) for r in doc["throughput"]}
+    assert loops == {(s, m, c) for s in systems
+                     for m, c in (("closed", 1), ("closed", 16), ("open", None))}  # fmt: skip
+    for r in doc["throughput"]:
+        assert set(r) >= THROUGHPUT_KEYS and r["errors"] == 0 and r["rps"] > 0
+        assert (r["rate"] is not None) == (r["mode"] == "open")
+
+
+def test_trims_side_writes_the_issue_shape_and_tables(tmp_path: Path) -> None:
+    doc, md = _peers(tmp_path, "--systems", "trims", "--replicas", "2", "--mlserver-workers", "1")
+    _check_shape(doc, {"trims"})
+    assert md == render_markdown(doc)
+    assert "(quick: a check, not a measurement)" in md
+    assert "| trims | scale_from_zero (disk tier) | warm |" in md
+    assert "| trims | closed | c=16 |" in md and "| trims | open |" in md
+
+
+@pytest.mark.skipif(
+    not venv_python().exists(),
+    reason=f"no MLServer venv at {venv_python()}: run python bench/peers.py --setup",
+)
+def test_both_systems_side_by_side(tmp_path: Path) -> None:
+    doc, md = _peers(tmp_path, "--replicas", "2", "--mlserver-workers", "1")
+    _check_shape(doc, {"trims", "mlserver"})
+    assert doc["mlserver_version"] == "1.7.1"
+    assert "| mlserver | process_start | warm |" in md
+
+
+def test_markdown_says_what_was_skipped() -> None:
+    doc = {"machine": "m", "runs": 1, "quick": False, "mlserver_version": None,
+           "cold_start": [], "memory": [], "throughput": [],
+           "notes": ["the dropped-cache cases were skipped: cannot drop caches"]}  # fmt: skip
+    text = render_markdown(doc)
+    assert "MLServer (not run)" in text
+    assert "Note: the dropped-cache cases were skipped" in text
