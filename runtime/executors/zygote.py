@@ -63,9 +63,9 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trims.errors import Unavailable
 
@@ -292,48 +292,50 @@ class _ZygoteServer:
 
     def _child(self, req: dict[str, Any]) -> None:
         """In the forked child: become a clean worker process, run it, never return."""
-        rc = 1
-        try:
+
+        def run() -> int:
             _mark("forked")
             self._leave_zygote()
             fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
             _bind(req, fd)
             _reseed()
-            rc = _run_worker_argv(req["argv"])
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(rc)
+            return _run_worker_argv(req["argv"])
+
+        _exit_with(run)
 
     def _pooled_child(self, sock: socket.socket) -> None:
         """A pooled worker (Note [warm pool]): confine, wait for a request, run it; never
         returns. Before its request it writes to the zygote's stderr."""
-        rc = 1
-        try:
+
+        def run() -> int:
             self._leave_zygote()
             prepared = _prepare_pooled(self.pool_config)
             received = _receive_request(sock)
             if received is None:
-                rc = 0  # the pool shrank or the zygote is closing
-                return
+                return 0  # the pool shrank or the zygote is closing
             req, fd = received
             _mark("taken")
             _bind(req, fd)
-            rc = _run_worker_argv(req["argv"], prepared)
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(rc)
+            return _run_worker_argv(req["argv"], prepared)
+
+        _exit_with(run)
+
+
+def _exit_with(run: Callable[[], int]) -> NoReturn:
+    """In a forked child: ``run()``, then leave with its status, never returning into the
+    zygote's code (SystemExit's code kept, any other exception printed: status 1)."""
+    rc = 1
+    try:
+        rc = run()
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(rc)
 
 
 def _mark(phase: str) -> None:
