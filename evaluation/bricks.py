@@ -298,14 +298,6 @@ def budgets(counts: Mapping[str, int], estimate_ms: float, target_rel: float) ->
     return {key: share / c for key, c in counts.items() if c > 0}
 
 
-def tolerances(
-    bricks: list[Brick], times_ms: dict[str, float], overhead_ms: float, target_rel: float
-) -> dict[str, float]:
-    """:func:`budgets` for the unique bricks of one model (``E`` from :func:`reconstruct`)."""
-    counts = Counter(b.signature for b in bricks)
-    return budgets(counts, reconstruct(bricks, times_ms, overhead_ms), target_rel)
-
-
 def terms(bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]) -> Counter[str]:
     """What a model's estimate is made of: unique bricks, conversions and the empty model,
     each with how many times it counts (:func:`budgets`)."""

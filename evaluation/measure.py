@@ -18,7 +18,7 @@ waiting for a core. Use ``clock="wall"`` for multi-threaded variants (see :mod:`
 
 A second stopping rule, :class:`Precision`, asks for an absolute or relative bound on the
 standard error of the estimate (see :func:`std_error`); the bricks study uses it to give each
-benchmark the precision its use needs (see :func:`trims.evaluation.bricks.tolerances`). A
+benchmark the precision its use needs (see :func:`trims.evaluation.bricks.budgets`). A
 :class:`Sampler` keeps a benchmark open between rounds of runs, so a brick can take a few pilot
 runs, wait until its model's other bricks have theirs, then continue to the precision it needs.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -35,6 +36,14 @@ def _noisy(mean_ms: float, rel_sd: float, n: int = 200, seed: int = 0) -> list[f
     return list(np.abs(rng.normal(mean_ms, rel_sd * mean_ms, n)) / 1e3)
 
 
+def _brick_budgets(
+    parts: list[bricks.Brick], times: dict[str, float], overhead_ms: float, target_rel: float
+) -> dict[str, float]:
+    """The budgets of a model's unique bricks, its estimate from those times."""
+    counts = Counter(p.signature for p in parts)
+    return bricks.budgets(counts, bricks.reconstruct(parts, times, overhead_ms), target_rel)
+
+
 def test_small_share_brick_stops_earlier_than_a_large_one() -> None:
     model = ir.build(graph.prepare(graphs.residual(blocks=1), "m", 1), "m", 1)
     parts = bricks.decompose(model, 1)
@@ -42,7 +51,7 @@ def test_small_share_brick_stops_earlier_than_a_large_one() -> None:
     big = parts[1].signature
     times = {p.signature: 0.2 for p in parts}
     times[big] = 20.0
-    tol = bricks.tolerances(parts, times, overhead_ms=0.0, target_rel=0.02)
+    tol = _brick_budgets(parts, times, overhead_ms=0.0, target_rel=0.02)
     small = next(s for s in tol if s != big)
     # both are equally noisy relative to their own time (20% of it)
     big_runs = _runs(_noisy(20.0, 0.2, seed=1), Precision(abs_ms=tol[big]).met)
@@ -85,11 +94,11 @@ def test_time_and_run_caps_still_stop_a_noisy_benchmark() -> None:
     assert sum(samples[: n - 1]) < 0.01 <= sum(samples[:n])
 
 
-def test_tolerances_split_the_models_error_budget() -> None:
+def test_budgets_split_the_models_error_budget() -> None:
     model = ir.build(graph.prepare(graphs.residual(blocks=3), "r", 1), "r", 1)
     parts = bricks.decompose(model, 1)
     times = {p.signature: 1.0 + 0.5 * k for k, p in enumerate(parts)}
-    tol = bricks.tolerances(parts, times, overhead_ms=0.01, target_rel=0.05)
+    tol = _brick_budgets(parts, times, overhead_ms=0.01, target_rel=0.05)
     counts = {s: sum(p.signature == s for p in parts) for s in tol}
     assert max(counts.values()) == 3  # the repeated residual block
     estimate = bricks.reconstruct(parts, times, 0.01)
