@@ -17,10 +17,11 @@ thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``): it counts the work done, not th
 waiting for a core. Use ``clock="wall"`` for multi-threaded variants (see :mod:`trims.timing`).
 
 A second stopping rule, :class:`Precision`, asks for an absolute or relative bound on the
-standard error of the estimate (see :func:`std_error`); the bricks study uses it to give each
-benchmark the precision its use needs (see :func:`trims.evaluation.bricks.budgets`). A
-:class:`Sampler` keeps a benchmark open between rounds of runs, so a brick can take a few pilot
-runs, wait until its model's other bricks have theirs, then continue to the precision it needs.
+standard error of the estimate (see :func:`std_error`) of one benchmark run on its own. The
+bricks study applies the same bound across benchmarks: it gives each the standard error its use
+needs (:func:`trims.evaluation.bricks.budgets`) and measures them in rounds, each a
+:class:`Sampler` kept open between rounds (:meth:`Sampler.run_more`), so a brick takes a few
+pilot runs, waits until its model's other bricks have theirs, then continues to its budget.
 """
 
 from __future__ import annotations
