@@ -223,6 +223,12 @@ def main() -> int:
         help="touch: read 4 KiB of the weights per request; full: read all of them",
     )
     parser.add_argument("--plot", type=Path, help="also draw the medians (PNG or SVG) here")
+    parser.add_argument(
+        "--cpu-backing",
+        choices=("auto", "memfd", "file"),
+        default="auto",
+        help="the daemon's --cpu-backing: sealed memfds or the disk files in the page cache",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.model_mb.split(",") if s]
 
@@ -234,7 +240,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="trims-bench-cold-") as tmp:
         root = Path(tmp)
         root.chmod(0o755)  # a root gateway runs function code as nobody: code dirs live here
-        daemon, store_socket = start_daemon(root, cpu_budget=f"{sum(sizes) * 2 + 512}MiB")
+        daemon, store_socket = start_daemon(
+            root, cpu_budget=f"{sum(sizes) * 2 + 512}MiB", cpu_backing=args.cpu_backing
+        )
         try:
             models = {}
             with StoreClient(store_socket) as client:

@@ -30,6 +30,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpu-budget", help="host memory for models, e.g. 8GiB [$TRIMS_CPU_BUDGET]"
     )
+    parser.add_argument(
+        "--cpu-backing",
+        choices=("auto", "memfd", "file"),
+        help="how the cpu tier holds models: sealed memfd copies, or the verified disk files in "
+        "the page cache (faster to map with 4 KiB shmem pages) [auto; $TRIMS_CPU_BACKING]",
+    )
     parser.add_argument("--disk-budget", help="disk for models [64GiB; $TRIMS_DISK_BUDGET]")
     parser.add_argument("--gpu-budget", help="device memory per GPU [0 = off; $TRIMS_GPU_BUDGET]")
     parser.add_argument(
@@ -159,6 +165,7 @@ def build_settings(
         socket_mode=mode,
         socket_group=pick(args.socket_group, "TRIMS_SOCKET_GROUP"),
         budgets=TierBudgets(cpu=budgets["cpu"], disk=budgets["disk"], gpu=budgets["gpu"]),
+        cpu_backing=pick(args.cpu_backing, "TRIMS_CPU_BACKING") or "auto",
         eviction=default_policy,
         s3_endpoint=pick(args.s3_endpoint, "TRIMS_S3_ENDPOINT"),
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),

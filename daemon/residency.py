@@ -57,7 +57,8 @@ class Residency:
         self.leases = leases
         self.disk = DiskTier(settings.store_dir / "disk", settings.budgets.disk)
         self.gpu = gpu
-        self.tiers: dict[str, MemoryTier] = {"cpu": CpuTier()}
+        self.cpu = CpuTier(settings.cpu_backing)
+        self.tiers: dict[str, MemoryTier] = {"cpu": self.cpu}
         if gpu is not None:
             self.tiers["gpu"] = gpu
         budgets = {"cpu": settings.budgets.cpu, "gpu": settings.budgets.gpu if gpu else 0}
@@ -110,6 +111,9 @@ class Residency:
         """Delete a blob that must never be served (failed a check, or no committed row names
         it); a no-op when it is already gone. Fail closed: log it with the digest and why."""
         self._verified.pop(digest, None)
+        resident = self.ledgers["cpu"].residents.get(digest)
+        if resident is not None and self.cpu.holds_file(digest):
+            self.evict("cpu", resident, f"it is the disk file being deleted: {reason}")
         if self.disk.contains(digest) or self.disk.path(digest).exists():
             try:
                 self.disk.remove(digest)
@@ -237,6 +241,7 @@ class Residency:
             and self.leases.count("disk", r.digest) == 0
             and not self.catalog.pinned_in(r.digest, "disk")
             and not any(key[1] == r.digest for key in self._loading)
+            and not self.cpu.holds_file(r.digest)
         )
 
     def evict_disk(self, digest: str, reason: str) -> None:
@@ -292,6 +297,10 @@ class Residency:
         ledger = self.ledgers[tier]
         for _ in range(_LOAD_ATTEMPTS):
             resident = ledger.residents.get(record.digest)
+            if resident is not None and tier == "cpu" and not self.cpu.current(record.digest):
+                self._verified.pop(record.digest, None)
+                self.evict(tier, resident, "its disk file changed since it was verified")
+                resident = None
             if resident is not None:
                 return resident
             await self._load_into(tier, record, progress)

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic.dataclasses import dataclass
 
 from trims.config import admin_socket_for
+from trims.daemon.tiers.cpu import CPU_BACKINGS
 from trims.errors import ValidationError
 from trims.protocol import MAX_REQUEST_FRAME
 
@@ -104,6 +105,10 @@ class DaemonSettings:
     #: Group that may connect to the store socket (name or gid); None keeps the daemon's group.
     socket_group: str | None = None
     budgets: TierBudgets = field(default_factory=TierBudgets)
+    #: How the CPU tier holds a model: "memfd" (a sealed copy), "file" (the verified disk file
+    #: kept in the page cache) or "auto" (memfd where shmem huge pages are on, else file: a
+    #: 4 KiB-page memfd maps 10x slower; Note [page-cache copies] in trims.daemon.tiers.pagecache).
+    cpu_backing: str = "auto"
     #: Eviction policy per tier, one of EVICTION_POLICIES. LRU suits serving traffic.
     eviction: str = "lru"
     #: S3 endpoint for s3:// sources (any S3-compatible store); None uses AWS defaults.
@@ -130,6 +135,10 @@ class DaemonSettings:
         if self.eviction not in EVICTION_POLICIES:
             raise ValidationError(
                 f"unknown eviction policy {self.eviction!r}; use one of {EVICTION_POLICIES}"
+            )
+        if self.cpu_backing not in CPU_BACKINGS:
+            raise ValidationError(
+                f"unknown cpu backing {self.cpu_backing!r}; use one of {CPU_BACKINGS}"
             )
         for name in ("download_deadline", "download_stall_timeout"):
             if not getattr(self, name) > 0:

@@ -417,20 +417,18 @@ class Store:
         record = self.catalog.get(name, version)
         evicted: list[str] = []
         for t in [tier] if tier else list(MEMORY_TIERS):
-            leased = self.leases.count(t, record.digest)
-            if leased:
-                raise ValidationError(
-                    f"model {record.key} has {leased} live lease(s) in the {t} tier and stays "
-                    "until they are released"
-                )
-            if self.catalog.pinned_in(record.digest, t):
-                raise ValidationError(
-                    f"model {record.key} is pinned in the {t} tier; unpin it first"
-                )
+            self._check_evictable(record, t)
             if t == "disk":
-                if self.res.disk.contains(record.digest):
-                    self.res.evict_disk(record.digest, "evicted on request")
-                    evicted.append(t)
+                if not self.res.disk.contains(record.digest):
+                    continue
+                if self.res.cpu.holds_file(record.digest) and "cpu" not in evicted:
+                    # The cpu tier's copy is this very file (Note [page-cache copies]).
+                    self._check_evictable(record, "cpu")
+                    self.res.evict("cpu", self.res.ledgers["cpu"].residents[record.digest],
+                                   "its disk file was evicted on request")  # fmt: skip
+                    evicted.append("cpu")
+                self.res.evict_disk(record.digest, "evicted on request")
+                evicted.append(t)
                 continue
             resident = self.res.ledgers[t].residents.get(record.digest)
             if resident is not None:
@@ -438,6 +436,19 @@ class Store:
                 evicted.append(t)
         self._update_gauges()
         return StoreReply({"evicted": evicted, "model": self.model_dict(record, admin=True)})
+
+    def _check_evictable(self, record: ModelRecord, tier: str) -> None:
+        """Raise when the model's copy in ``tier`` is leased or pinned there."""
+        leased = self.leases.count(tier, record.digest)
+        if leased:
+            raise ValidationError(
+                f"model {record.key} has {leased} live lease(s) in the {tier} tier and stays "
+                "until they are released"
+            )
+        if self.catalog.pinned_in(record.digest, tier):
+            raise ValidationError(
+                f"model {record.key} is pinned in the {tier} tier; unpin it first"
+            )
 
     async def pin(self, caller: Caller, name: str, version: str | None, tier: str) -> StoreReply:
         record = self.catalog.get(name, version)

@@ -1,4 +1,5 @@
-"""CPU tier: each resident model is one sealed memfd holding its canonical layout.
+"""CPU tier: each resident model is one sealed memfd holding its canonical layout, or the
+verified disk file kept in the page cache where that maps faster (:mod:`.pagecache`).
 
 Note [sealed memfd]
 ~~~~~~~~~~~~~~~~~~~
@@ -41,6 +42,7 @@ import os
 from pathlib import Path
 
 from trims.daemon.tiers.memory import Export, Progress
+from trims.daemon.tiers.pagecache import PinnedFile
 from trims.errors import CorruptModel, TrimsError
 
 log = logging.getLogger(__name__)
@@ -63,19 +65,33 @@ def _selected(path: Path) -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def huge_page_mode(root: Path = _THP) -> str:
-    """One sentence: which page size the CPU tier's memfds get here, and why (Note [huge pages])."""
+def _shmem_huge_sizes(root: Path) -> tuple[str | None, list[str]]:
+    """(the top shmem_enabled mode or None if unreadable, page sizes a memfd advised
+    MADV_HUGEPAGE may get, smallest first)."""
     top = _selected(root / "shmem_enabled")
     if top is None:
-        return (
-            f"{root}/shmem_enabled is not readable: models sit in 4 KiB pages (the memfd's "
-            "MADV_HUGEPAGE advice has no effect)"
-        )
+        return None, []
     sizes = []
     for entry in sorted(root.glob("hugepages-*kB"), key=lambda p: int(p.name[10:-2])):
         mode = _selected(entry / "shmem_enabled")
         if mode in _HUGE_MODES or (mode == "inherit" and top in _HUGE_MODES):
             sizes.append(entry.name[10:])
+    return top, sizes
+
+
+def shmem_huge_pages(root: Path = _THP) -> bool:
+    """Whether a memfd advised MADV_HUGEPAGE gets huge pages here (Note [huge pages])."""
+    return bool(_shmem_huge_sizes(root)[1])
+
+
+def huge_page_mode(root: Path = _THP) -> str:
+    """One sentence: which page size the CPU tier's memfds get here, and why (Note [huge pages])."""
+    top, sizes = _shmem_huge_sizes(root)
+    if top is None:
+        return (
+            f"{root}/shmem_enabled is not readable: models sit in 4 KiB pages (the memfd's "
+            "MADV_HUGEPAGE advice has no effect)"
+        )
     if sizes:
         return (
             f"shmem huge pages {top!r} ({root}/shmem_enabled), the memfd advised MADV_HUGEPAGE: "
@@ -156,34 +172,80 @@ def create_sealed_memfd(
     return fd
 
 
+#: Values of ``--cpu-backing`` (Note [page-cache copies] in :mod:`trims.daemon.tiers.pagecache`).
+CPU_BACKINGS = ("auto", "memfd", "file")
+
+
 class CpuTier:
-    """Sealed memfds by digest. The tier owns one fd per resident model."""
+    """Resident models by digest: a sealed memfd each, or the verified disk file kept in the
+    page cache (``backing``; Note [page-cache copies] in :mod:`trims.daemon.tiers.pagecache`)."""
 
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, backing: str = "auto", thp: Path = _THP) -> None:
+        if backing not in CPU_BACKINGS:
+            raise ValueError(f"unknown cpu backing {backing!r}; use one of {CPU_BACKINGS}")
+        mode = huge_page_mode(thp)
+        if backing == "auto":
+            backing = "memfd" if shmem_huge_pages(thp) else "file"
+        #: "memfd" or "file": how this tier holds every model it loads.
+        self.backing = backing
         self._fds: dict[str, tuple[int, int]] = {}
-        log.info("cpu tier: %s", huge_page_mode())
+        self._files: dict[str, PinnedFile] = {}
+        if backing == "memfd":
+            log.info("cpu tier: sealed memfds; %s", mode)
+        else:
+            log.info(
+                "cpu tier: verified disk files kept in the page cache and mapped read-only "
+                "(large folios where the filesystem has them); %s",
+                mode.replace("the memfd's MADV_HUGEPAGE advice is ignored; ", ""),
+            )
 
     def load(
         self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
     ) -> None:
-        """Blocking: copy, verify and seal; then the model is resident."""
-        if digest in self._fds:
+        """Blocking: verify (and copy, for a memfd); then the model is resident."""
+        if digest in self._fds or digest in self._files:
+            return
+        if self.backing == "file":
+            pinned = PinnedFile.open(source, size, digest, label, progress)
+            self._files[digest] = pinned
+            log.info(
+                "model %s loaded into cpu tier (%d bytes, page cache, %s)",
+                label,
+                size,
+                "locked" if pinned.locked else "mapped, not locked: reclaimable under pressure",
+            )
             return
         fd = create_sealed_memfd(source, size, digest, label, progress)
         self._fds[digest] = (fd, size)
         log.info("model %s loaded into cpu tier (%d bytes, sealed memfd)", label, size)
 
+    def current(self, digest: str) -> bool:
+        """False when the copy is a disk file that changed since it was hashed: evict it."""
+        pinned = self._files.get(digest)
+        return pinned is None or pinned.unchanged()
+
+    def holds_file(self, digest: str) -> bool:
+        """Whether the copy is the disk blob itself (so the blob must stay on disk)."""
+        return digest in self._files
+
     def export(self, digest: str) -> Export:
+        pinned = self._files.get(digest)
+        if pinned is not None:
+            return Export({"kind": "file", "size": pinned.size}, pinned.fd)
         fd, size = self._fds[digest]
         return Export({"kind": "memfd", "size": size}, fd)
 
     def free(self, digest: str) -> None:
         """Close our fd; client mappings stay valid (Note [lease keeps memory alive])."""
+        pinned = self._files.pop(digest, None)
+        if pinned is not None:
+            pinned.close()
+            return
         fd, _ = self._fds.pop(digest)
         os.close(fd)
 
     def close(self) -> None:
-        for digest in list(self._fds):
+        for digest in [*self._fds, *self._files]:
             self.free(digest)

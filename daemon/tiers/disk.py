@@ -63,21 +63,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _file_digest(path: Path, size: int, progress: Progress | None = None) -> str:
-    """sha256 of the first ``size`` bytes of ``path``, reporting stage "verify"."""
+def file_digest(source: Path | int, size: int, progress: Progress | None = None) -> str:
+    """sha256 of the first ``size`` bytes of ``source`` (a path, or an open descriptor, read
+    with ``pread`` so its offset is left alone), reporting stage "verify"."""
     h = hashlib.sha256()
     done = 0
-    with open(path, "rb") as f:
+    fd = source if isinstance(source, int) else os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
         while done < size:
-            chunk = f.read(min(CHUNK, size - done))
+            chunk = os.pread(fd, min(CHUNK, size - done), done)
             if not chunk:
-                raise CorruptModel(
-                    f"{path.name} is truncated: {size - done} of {size} bytes missing"
-                )
+                name = source.name if isinstance(source, Path) else "the file"
+                raise CorruptModel(f"{name} is truncated: {size - done} of {size} bytes missing")
             h.update(chunk)
             done += len(chunk)
             if progress is not None:
                 progress("verify", done, size)
+    finally:
+        if fd is not source:
+            os.close(fd)
     return h.hexdigest()
 
 
@@ -141,7 +145,7 @@ class DiskTier:
                     f"layout of {manifest.name}:{manifest.version} has {size} bytes, its "
                     f"manifest says {manifest.total_bytes}; it was not stored"
                 )
-            actual = _file_digest(temp, size, progress)
+            actual = file_digest(temp, size, progress)
             if actual != digest:
                 raise CorruptModel(
                     f"layout of {manifest.name}:{manifest.version} has sha256 {actual}, its "
@@ -246,7 +250,7 @@ class DiskTier:
                 f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            actual = _file_digest(blob, before.size)
+            actual = file_digest(blob, before.size)
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:

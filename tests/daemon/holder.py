@@ -2,8 +2,8 @@
 
 ``python -m tests.daemon.holder SOCKET NAME`` prints one JSON line after mapping, then for each
 stdin line answers one JSON line: ``read`` (the float32 values of tensor ``w``), ``write V``
-(fill ``w`` with V in the private mapping, then read), ``maps`` (the memfd's inode and shared
-resident kB from /proc/self/smaps), ``exit``.
+(fill ``w`` with V in the private mapping, then read), ``maps`` (the inode and shared resident kB
+of the model's mapping, a trims memfd or a disk-tier blob, from /proc/self/smaps), ``exit``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import numpy as np
 from tests.daemon.rawclient import RawClient
 
 
-def _memfd_mappings() -> dict[str, object]:
-    """Inodes of the trims memfds this process maps, and their shared resident kB (smaps)."""
+def _model_mappings() -> dict[str, object]:
+    """Inodes of the trims memfds and disk-tier blobs this process maps, and their shared
+    resident kB (smaps)."""
     inodes: set[str] = set()
     shared_kb = 0
     current = False
@@ -25,7 +26,7 @@ def _memfd_mappings() -> dict[str, object]:
         for line in f:
             fields = line.split()
             if "-" in fields[0] and len(fields) >= 5:
-                current = "memfd:trims" in line
+                current = "memfd:trims" in line or "/disk/blobs/" in line
                 if current:
                     inodes.add(fields[4])
             elif current and fields[0] in ("Shared_Clean:", "Shared_Dirty:"):
@@ -51,7 +52,7 @@ def main() -> int:
         if command[0] == "write":
             w[:] = float(command[1])
         if command[0] == "maps":
-            say(**_memfd_mappings())
+            say(**_model_mappings())
             continue
         say(values=w.tolist())
     del w

@@ -1,4 +1,5 @@
-"""Zero-copy sharing through the real daemon: one sealed memfd, many MAP_PRIVATE mappings."""
+"""Zero-copy sharing through the real daemon: one copy (a sealed memfd, or the verified disk file
+in the page cache), many MAP_PRIVATE mappings."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ W = np.arange(16, dtype=np.float32)
 MODELS = {"tiny": {"w": W, "b": np.ones(3, np.int64)}}
 
 
-def test_two_processes_map_the_same_memfd(start_daemon: Callable[..., DaemonProcess]) -> None:
-    daemon = start_daemon(models=MODELS)
+@pytest.mark.parametrize("backing", ["memfd", "file"])
+def test_two_processes_map_the_same_copy(
+    start_daemon: Callable[..., DaemonProcess], backing: str
+) -> None:
+    daemon = start_daemon(models=MODELS, cpu_backing=backing)
     with Holder(daemon.socket, "tiny") as a, Holder(daemon.socket, "tiny") as b:
         assert a.started["values"] == b.started["values"] == W.tolist()
         maps_a, maps_b = a.ask("maps"), b.ask("maps")
@@ -32,7 +36,7 @@ def test_two_processes_map_the_same_memfd(start_daemon: Callable[..., DaemonProc
 def test_writes_are_private_and_the_memfd_is_sealed(
     start_daemon: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start_daemon(models=MODELS)
+    daemon = start_daemon(models=MODELS, cpu_backing="memfd")
     with Holder(daemon.socket, "tiny") as writer, Holder(daemon.socket, "tiny") as reader:
         assert writer.ask("write 7")["values"] == [7.0] * len(W)
         assert reader.ask("read")["values"] == W.tolist()

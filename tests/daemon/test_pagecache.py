@@ -1,0 +1,167 @@
+"""CPU tier copies that are the verified disk file in the page cache (Note [page-cache copies]):
+read-only to clients, hashed before they are served, evicted when the file changes."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.daemon.holders import Holder
+from tests.daemon.rawclient import RawClient
+from tests.daemon.test_huge_page_mode import _sysfs
+from tests.fixtures.store import DaemonProcess
+from trims.daemon.formats.writer import LayoutWriter
+from trims.daemon.tiers.cpu import CpuTier
+from trims.daemon.tiers.disk import DiskTier
+from trims.errors import CorruptModel, ValidationError
+from trims.layout import Manifest, TensorSpec
+
+W = np.arange(4096, dtype=np.float32)
+MODELS = {"tiny": {"w": W}}
+
+
+@pytest.fixture
+def blob(tmp_path: Path) -> tuple[Path, Manifest]:
+    """A committed disk-tier blob holding W, and its manifest."""
+    disk = DiskTier(tmp_path / "disk", 1 << 30)
+    temp = disk.new_temp()
+    with LayoutWriter(temp, source=Path("test")) as writer:
+        writer.add(TensorSpec("w", "float32", W.shape), [W.tobytes()])
+        manifest: Manifest = writer.finish(name="m", version="1", framework="test", metadata={})
+    disk.commit(temp, manifest)
+    return disk.path(manifest.digest), manifest
+
+
+@pytest.fixture
+def file_tier() -> Iterator[CpuTier]:
+    tier = CpuTier("file")
+    yield tier
+    tier.close()
+
+
+def test_auto_uses_memfds_with_shmem_huge_pages_and_the_file_without(tmp_path: Path) -> None:
+    off = _sysfs(tmp_path / "off", "never", {"2048kB": "inherit"})
+    on = _sysfs(tmp_path / "on", "advise", {"2048kB": "inherit"})
+    assert CpuTier("auto", off).backing == "file"
+    assert CpuTier("auto", on).backing == "memfd"
+    assert CpuTier("memfd", off).backing == "memfd"
+    with pytest.raises(ValueError, match="use one of"):
+        CpuTier("tmpfs")
+
+
+def test_the_copy_is_the_verified_file_and_clients_cannot_write_it(
+    blob: tuple[Path, Manifest], file_tier: CpuTier
+) -> None:
+    path, manifest = blob
+    file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
+    export = file_tier.export(manifest.digest)
+    assert export.handle == {"kind": "file", "size": manifest.total_bytes}
+    assert export.fd is not None and os.fstat(export.fd).st_ino == path.stat().st_ino
+    with pytest.raises(OSError) as written:
+        os.pwrite(export.fd, b"x", 0)
+    assert written.value.errno == errno.EBADF
+    with pytest.raises(PermissionError):
+        mmap.mmap(export.fd, manifest.total_bytes, mmap.MAP_SHARED, mmap.PROT_WRITE)
+    private = mmap.mmap(export.fd, manifest.total_bytes, mmap.MAP_PRIVATE,
+                        mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
+    try:
+        private[:4] = b"\xff" * 4
+        assert path.read_bytes()[:4] == W[:1].tobytes()
+    finally:
+        private.close()
+    assert file_tier.holds_file(manifest.digest) and file_tier.current(manifest.digest)
+    if os.geteuid() == 0:  # root may lock any amount; others depend on RLIMIT_MEMLOCK
+        assert file_tier._files[manifest.digest].locked
+    file_tier.free(manifest.digest)
+    assert not file_tier.holds_file(manifest.digest)
+    with pytest.raises(OSError):
+        os.fstat(export.fd)
+
+
+def test_a_file_that_changes_after_it_was_hashed_is_no_longer_current(
+    blob: tuple[Path, Manifest], file_tier: CpuTier
+) -> None:
+    path, manifest = blob
+    file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
+    os.chmod(path, 0o444)  # the same mode: ctime still moves, and userspace cannot set it back
+    assert not file_tier.current(manifest.digest)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("content", "fails its digest check"),
+        ("truncate", "truncated"),
+        ("mode", "writable by group or others"),
+        ("missing", "is missing"),
+    ],
+)
+def test_a_damaged_file_is_never_mapped(
+    blob: tuple[Path, Manifest], file_tier: CpuTier, damage: str, message: str
+) -> None:
+    path, manifest = blob
+    path.chmod(0o664 if damage == "mode" else 0o644)
+    if damage == "content":
+        with open(path, "r+b") as f:
+            f.write(b"\x01\x02\x03\x04")
+    elif damage == "truncate":
+        os.truncate(path, manifest.total_bytes - 1)
+    elif damage == "missing":
+        path.unlink()
+    if damage != "mode" and path.exists():
+        path.chmod(0o444)
+    with pytest.raises(CorruptModel, match=message):
+        file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
+    assert not file_tier.holds_file(manifest.digest)
+
+
+def _blob_of(daemon: DaemonProcess, admin: RawClient, name: str) -> Path:
+    digest = admin.result("info", name=name)["model"]["digest"]
+    return daemon.store_dir / "disk" / "blobs" / digest
+
+
+def test_a_changed_blob_is_evicted_and_hashed_again_before_the_next_hand_out(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start_daemon(models=MODELS, cpu_backing="file")
+    with RawClient(daemon.admin_socket) as admin, Holder(daemon.socket, "tiny") as first:
+        assert first.started["values"] == W.tolist()
+        path = _blob_of(daemon, admin, "tiny")
+        path.chmod(0o444)  # no byte changed: reloaded and served again
+        with Holder(daemon.socket, "tiny") as second:
+            assert second.started["values"] == W.tolist()
+        stats = admin.result("stats")["tiers"]["cpu"]
+        assert (stats["loads"], stats["evictions"]) == (2, 1)
+        path.chmod(0o644)  # someone with the daemon's uid writes the blob
+        with open(path, "r+b") as f:
+            f.write(b"\x00" * 16)
+        with pytest.raises(CorruptModel, match="digest check"):
+            admin.call("acquire", name="tiny")
+        assert not path.exists()
+        assert admin.result("stats")["tiers"]["cpu"]["evictions"] == 2
+        assert first.ask("read")["values"][4:] == W[4:].tolist()  # the holder keeps its map
+
+
+def test_evicting_the_disk_copy_also_evicts_the_cpu_copy_that_is_that_file(
+    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    source = tmp_path / "m.safetensors"
+    save_file({"w": W}, str(source))
+    daemon = start_daemon(cpu_backing="file")
+    with RawClient(daemon.admin_socket) as admin:
+        admin.result("add", name="m", source=str(source))
+        admin.result("load", name="m", tier="cpu")
+        with Holder(daemon.socket, "m"), pytest.raises(ValidationError, match="lease"):
+            admin.result("evict", name="m", tier="disk")
+        assert admin.result("info", name="m")["model"]["tiers"] == ["cpu", "disk"]
+        assert admin.result("evict", name="m", tier="disk")["evicted"] == ["cpu", "disk"]
+        assert admin.result("info", name="m")["model"]["tiers"] == []
+        with Holder(daemon.socket, "m") as again:  # fetched from its source, hashed, served
+            assert again.started["values"] == W.tolist()
