@@ -106,8 +106,9 @@ class DaemonSettings:
     socket_group: str | None = None
     budgets: TierBudgets = field(default_factory=TierBudgets)
     #: How the CPU tier holds a model: "memfd" (a sealed copy), "file" (the verified disk file
-    #: kept in the page cache) or "auto" (memfd where shmem huge pages are on, else file: a
-    #: 4 KiB-page memfd maps 10x slower; Note [page-cache copies] in trims.daemon.tiers.pagecache).
+    #: kept in the page cache) or "auto": file for a root daemon where shmem huge pages are off
+    #: (a 4 KiB-page memfd maps 10x slower), memfd otherwise (Note [page-cache copies] in
+    #: trims.daemon.tiers.pagecache).
     cpu_backing: str = "auto"
     #: Eviction policy per tier, one of EVICTION_POLICIES. LRU suits serving traffic.
     eviction: str = "lru"

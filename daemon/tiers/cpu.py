@@ -182,23 +182,38 @@ class CpuTier:
 
     name = "cpu"
 
-    def __init__(self, backing: str = "auto", thp: Path = _THP) -> None:
+    def __init__(
+        self, backing: str = "auto", thp: Path = _THP, daemon_is_root: bool | None = None
+    ) -> None:
         if backing not in CPU_BACKINGS:
             raise ValueError(f"unknown cpu backing {backing!r}; use one of {CPU_BACKINGS}")
+        if daemon_is_root is None:
+            daemon_is_root = os.geteuid() == 0
         mode = huge_page_mode(thp)
         if backing == "auto":
-            backing = "memfd" if shmem_huge_pages(thp) else "file"
+            # A file copy is only as safe as its owner: root's blobs cannot be made writable by
+            # function code (which never runs as root), a non-root daemon's can by any client
+            # of its uid (Note [page-cache copies] in trims.daemon.tiers.pagecache).
+            backing = "file" if daemon_is_root and not shmem_huge_pages(thp) else "memfd"
         #: "memfd" or "file": how this tier holds every model it loads.
         self.backing = backing
         self._fds: dict[str, tuple[int, int]] = {}
         self._files: dict[str, PinnedFile] = {}
         if backing == "memfd":
             log.info("cpu tier: sealed memfds; %s", mode)
-        else:
-            log.info(
-                "cpu tier: verified disk files kept in the page cache and mapped read-only "
-                "(large folios where the filesystem has them); %s",
-                mode.replace("the memfd's MADV_HUGEPAGE advice is ignored; ", ""),
+            return
+        log.info(
+            "cpu tier: verified disk files kept in the page cache and mapped read-only (large "
+            "folios where the filesystem has them); %s",
+            mode.replace("the memfd's MADV_HUGEPAGE advice is ignored; ", ""),
+        )
+        if not daemon_is_root:
+            log.warning(
+                "cpu tier: --cpu-backing file with a daemon that is not root: a client running "
+                "as the daemon's uid %d can make a blob writable and change what other clients "
+                "map until their next acquire; use --cpu-backing memfd unless every client runs "
+                "as another uid",
+                os.geteuid(),
             )
 
     def load(

@@ -18,8 +18,8 @@ Isolation, against the sealed memfd:
 - a client's fd is read-only: ``mmap(MAP_SHARED, PROT_WRITE)`` and ``write`` fail, and its
   ``MAP_PRIVATE`` writes stay private copy-on-write pages, as with a memfd;
 - the blob is mode 0444, owned by the daemon's uid: only that uid or root can make it writable
-  (``fchmod``), and a process with either can already change what the daemon serves (ptrace).
-  A memfd's seals would still hold against them; the file does not. So every hand-out compares
+  (``fchmod``). A memfd's seals would still hold against them; the file does not (see below
+  for when ``auto`` picks it). So every hand-out compares
   the fd's :class:`~trims.daemon.tiers.disk.Stamp` with the one taken when its every byte was
   hashed (any write, truncate or chmod moves ``ctime``, which userspace cannot set back): a
   changed file is evicted and loaded (hashed) again, as the disk tier does (Note [disk
@@ -32,7 +32,10 @@ reclaim them, after which a client's reads go to disk again: correct, only slowe
 log line says which applies.
 
 ``--cpu-backing`` chooses: ``memfd`` (always a sealed copy), ``file`` (always this), ``auto``
-(the default: memfd where shmem huge pages are on, this where they are off).
+(the default): this only where shmem huge pages are off *and* the daemon runs as root. A root
+daemon's blobs are root's, and function code never runs as root; a non-root daemon's blobs could
+be made writable by any client of its uid (the Helm chart runs the daemon and function pods as
+one uid; ``trims up`` by a user runs its workers as that user), which a sealed memfd forbids.
 """
 
 from __future__ import annotations

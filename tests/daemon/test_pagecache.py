@@ -46,12 +46,15 @@ def file_tier() -> Iterator[CpuTier]:
     tier.close()
 
 
-def test_auto_uses_memfds_with_shmem_huge_pages_and_the_file_without(tmp_path: Path) -> None:
+def test_auto_uses_the_file_only_for_a_root_daemon_without_shmem_huge_pages(tmp_path: Path) -> None:
     off = _sysfs(tmp_path / "off", "never", {"2048kB": "inherit"})
     on = _sysfs(tmp_path / "on", "advise", {"2048kB": "inherit"})
-    assert CpuTier("auto", off).backing == "file"
-    assert CpuTier("auto", on).backing == "memfd"
-    assert CpuTier("memfd", off).backing == "memfd"
+    assert CpuTier("auto", off, daemon_is_root=True).backing == "file"
+    assert CpuTier("auto", on, daemon_is_root=True).backing == "memfd"
+    # a non-root daemon's blobs could be made writable by its own uid's clients
+    assert CpuTier("auto", off, daemon_is_root=False).backing == "memfd"
+    assert CpuTier("memfd", off, daemon_is_root=True).backing == "memfd"
+    assert CpuTier("file", on, daemon_is_root=False).backing == "file"
     with pytest.raises(ValueError, match="use one of"):
         CpuTier("tmpfs")
 
