@@ -162,7 +162,7 @@ class Infer:
 class Trims:
     """A daemon and a gateway process; functions serving ``peers_model`` from ``code``."""
 
-    def __init__(self, root: Path, models: dict[str, Path]) -> None:
+    def __init__(self, root: Path, models: dict[str, Path], warm_pool: int = 0) -> None:
         from trims.runtime.client import StoreClient
 
         self.root, self.models = root, models
@@ -179,8 +179,9 @@ class Trims:
                     client.load(name, tier="cpu")
             # the benchmark's client is one peer standing for many users
             self.gateway, self.url = start_gateway(
-                root, "--store-socket", str(self.socket), "--max-connections-per-peer", "1024"
-            )
+                root, "--store-socket", str(self.socket), "--max-connections-per-peer", "1024",
+                "--warm-pool", str(warm_pool),
+            )  # fmt: skip
         except BaseException:
             self.daemon.stop()
             raise
@@ -605,7 +606,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     label = " (quick: a check, not a measurement)" if doc.get("quick") else ""
     parts = [
         f"trims vs MLServer {doc.get('mlserver_version') or '(not run)'}{label}; {doc['machine']}; "
-        f"{doc['runs']} runs, medians (min-max)."
+        f"{doc['runs']} runs, medians (min-max); trims gateway --warm-pool "
+        f"{doc.get('trims_warm_pool', 0)}."
     ]
     if doc.get("cold_start"):
         rows = [
@@ -685,7 +687,7 @@ async def run_all(root: Path, args: argparse.Namespace, only: list[str]) -> dict
     if "dropped" in caches and "cold" in only and (why := drop_caches()):
         caches.remove("dropped")
         doc["notes"].append(f"the dropped-cache cases were skipped: {why}")
-    trims = Trims(root, {"full": full, "mlp": mlp})
+    trims = Trims(root, {"full": full, "mlp": mlp}, args.warm_pool)
     connector = aiohttp.TCPConnector(limit=1024)
     timeout = aiohttp.ClientTimeout(total=600)
     try:
@@ -739,6 +741,12 @@ def main() -> int:
         action="store_true",
         help="at most 2 runs, a 128 MiB model and 2 s loads: checks the script works",
     )
+    parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=0,
+        help="the trims gateway's --warm-pool (0, its default: every start forks)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
     parser.add_argument("--workdir", type=Path, help="a new folder to work in and keep (logs)")
@@ -782,6 +790,7 @@ def main() -> int:
         machine=where,
         mlserver_version=mlserver_version() if "mlserver" in args.systems else None,
         mlserver_workers=args.mlserver_workers,
+        trims_warm_pool=args.warm_pool,
     )
     write_json(args.json, doc)
     text = render_markdown(doc)
