@@ -41,6 +41,7 @@ import mmap
 import os
 from pathlib import Path
 
+from trims.daemon.tiers.disk import check_copy_digest, open_copy
 from trims.daemon.tiers.memory import Export, Progress
 from trims.daemon.tiers.pagecache import PinnedFile
 from trims.errors import CorruptModel, TrimsError
@@ -144,13 +145,7 @@ def create_sealed_memfd(
         raise TrimsError(f"cannot create a memfd for {label}: {e}") from e
     try:
         os.ftruncate(fd, size)
-        try:
-            src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as e:
-            raise CorruptModel(
-                f"the disk copy of {label} is missing ({digest[:12]}); remove the model and "
-                "add it again"
-            ) from e
+        src = open_copy(source, digest, label)
         try:
             copied, actual = _fill_and_hash(src, fd, size, progress)
         finally:
@@ -160,11 +155,7 @@ def create_sealed_memfd(
                 f"the disk copy of {label} is truncated: {copied} of {size} bytes; remove the "
                 "model and add it again"
             )
-        if actual != digest:
-            raise CorruptModel(
-                f"the disk copy of {label} fails its digest check (expected {digest[:12]}, "
-                f"got {actual[:12]}); remove the model and add it again"
-            )
+        check_copy_digest(actual, digest, label)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except BaseException:
         os.close(fd)

@@ -85,6 +85,26 @@ def file_digest(source: Path | int, size: int, progress: Progress | None = None)
     return h.hexdigest()
 
 
+def open_copy(source: Path, digest: str, label: str) -> int:
+    """A read-only fd of the disk copy a memory tier loads from; CorruptModel if it is gone."""
+    try:
+        return os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise CorruptModel(
+            f"the disk copy of {label} is missing ({digest[:12]}); remove the model and add it "
+            "again"
+        ) from e
+
+
+def check_copy_digest(actual: str, digest: str, label: str) -> None:
+    """CorruptModel unless what a memory tier hashed as it loaded is ``digest``."""
+    if actual != digest:
+        raise CorruptModel(
+            f"the disk copy of {label} fails its digest check (expected {digest[:12]}, got "
+            f"{actual[:12]}); remove the model and add it again"
+        )
+
+
 class DiskTier:
     """Content-addressed layouts under ``root`` within a byte ``budget`` (0 disables the tier).
 

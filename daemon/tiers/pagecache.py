@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trims.daemon.tiers.disk import Stamp, file_digest
+from trims.daemon.tiers.disk import Stamp, check_copy_digest, file_digest, open_copy
 from trims.errors import CorruptModel, TrimsError
 from trims.protocol import Progress
 
@@ -92,13 +92,7 @@ class PinnedFile:
         Blocking. Raises CorruptModel when the file is missing, shorter than ``size``, fails the
         digest, is writable by group or others, or changed while it was hashed.
         """
-        try:
-            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as e:
-            raise CorruptModel(
-                f"the disk copy of {label} is missing ({digest[:12]}); remove the model and "
-                "add it again"
-            ) from e
+        fd = open_copy(source, digest, label)
         try:
             st = os.fstat(fd)
             before = Stamp.of(st)
@@ -112,12 +106,7 @@ class PinnedFile:
                     f"the disk copy of {label} is truncated: {before.size} of {size} bytes; "
                     "remove the model and add it again"
                 )
-            actual = file_digest(fd, size, _loaded_and_verified(progress))
-            if actual != digest:
-                raise CorruptModel(
-                    f"the disk copy of {label} fails its digest check (expected {digest[:12]}, "
-                    f"got {actual[:12]}); remove the model and add it again"
-                )
+            check_copy_digest(file_digest(fd, size, _loaded_and_verified(progress)), digest, label)
             if Stamp.of(os.fstat(fd)) != before:
                 raise CorruptModel(
                     f"the disk copy of {label} changed while it was verified; remove the model "
