@@ -120,7 +120,7 @@ class PinnedFile:
 
     def unchanged(self) -> bool:
         """Whether the file is still exactly what was hashed (its stamp has not moved)."""
-        return Stamp.of(os.fstat(self.fd)) == self.stamp
+        return bool(Stamp.of(os.fstat(self.fd)) == self.stamp)
 
     def close(self) -> None:
         """Unmap and close; client mappings stay valid (the kernel keeps their pages)."""
