@@ -379,7 +379,12 @@ class StoreClient:
             if kind in HOST_HANDLES:
                 if len(fds) != 1:
                     raise ProtocolError(f"acquire of {name}: a {kind} handle needs one descriptor")
-                host = HostMapping.from_fd(fds.pop(), int(handle.get("size", 0)), manifest)
+                host = HostMapping.from_fd(
+                    fds.pop(),
+                    int(handle.get("size", 0)),
+                    manifest,
+                    populate=handle.get("populate") is not False,
+                )
             elif kind in CUDA_HANDLES:
                 from trims.runtime.adapters import cuda
 

@@ -37,7 +37,10 @@ writable mapping the kernel populates it with *write* faults, which would copy e
 into the process. Where ``POPULATE_READ`` is missing (EINVAL) the thread reads one byte per
 page instead; any other failure only means the first request faults as before. The thread
 calls ``madvise`` through ctypes, which releases the GIL, and :meth:`HostMapping.close` joins
-it before unmapping, so it never touches a range that may be reused.
+it before unmapping, so it never touches a range that may be reused. The daemon's handle may
+say ``"populate": false`` (a page-cache file in large folios, which maps in a few hundred
+faults): then no thread is started, since it would only compete with the instance's start
+(Note [who populates] in trims/daemon/tiers/pagecache.py).
 """
 
 from __future__ import annotations

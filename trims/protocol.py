@@ -57,8 +57,9 @@ remove     name, version?, force?                              removed        (a
 
 ``handle`` describes how to map the descriptor:
 ``{"kind": "memfd", "size": int}`` (map ``MAP_PRIVATE``, read-only shared pages, copy-on-write
-on write), ``{"kind": "file", "size": int}`` (a read-only fd of the verified disk-tier file,
-for ``tier: "disk"``; mapped like a memfd),
+on write), ``{"kind": "file", "size": int, "populate"?: bool}`` (a read-only fd of the verified
+disk-tier file, for ``tier: "disk"`` and for the CPU tier's file backing; mapped like a memfd;
+``populate: false`` says the file maps in few faults, so a background populate is not worth it),
 ``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
 ``cuMemImportFromShareableHandle``), or ``{"kind": "cuda_ipc", "device_uuid", "ipc_handle"}``
 (hex; no fd; the legacy fallback).

@@ -239,7 +239,8 @@ class CpuTier:
     def export(self, digest: str) -> Export:
         pinned = self._files.get(digest)
         if pinned is not None:
-            return Export({"kind": "file", "size": pinned.size}, pinned.fd)
+            handle = {"kind": "file", "size": pinned.size, "populate": pinned.populate}
+            return Export(handle, pinned.fd)
         fd, size = self._fds[digest]
         return Export({"kind": "memfd", "size": size}, fd)
 

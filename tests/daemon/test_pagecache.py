@@ -20,6 +20,7 @@ from tests.fixtures.store import DaemonProcess
 from trims.daemon.formats.writer import LayoutWriter
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier
+from trims.daemon.tiers.pagecache import needs_populate
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import Manifest, TensorSpec
 
@@ -65,7 +66,13 @@ def test_the_copy_is_the_verified_file_and_clients_cannot_write_it(
     path, manifest = blob
     file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
     export = file_tier.export(manifest.digest)
-    assert export.handle == {"kind": "file", "size": manifest.total_bytes}
+    pinned = file_tier._files[manifest.digest]
+    assert pinned.faults >= 1  # the daemon's own mapping faulted the file in
+    assert export.handle == {
+        "kind": "file",
+        "size": manifest.total_bytes,
+        "populate": needs_populate(manifest.total_bytes, pinned.faults),
+    }
     assert export.fd is not None and os.fstat(export.fd).st_ino == path.stat().st_ino
     with pytest.raises(OSError) as written:
         os.pwrite(export.fd, b"x", 0)
@@ -86,6 +93,14 @@ def test_the_copy_is_the_verified_file_and_clients_cannot_write_it(
     assert not file_tier.holds_file(manifest.digest)
     with pytest.raises(OSError):
         os.fstat(export.fd)
+
+
+def test_clients_populate_unless_the_file_maps_in_few_faults() -> None:
+    mib = 1 << 20
+    assert not needs_populate(512 * mib, 777)  # large folios: 700-800 faults per 512 MiB
+    assert needs_populate(512 * mib, 6256)  # small folios
+    assert needs_populate(512 * mib, 131072)  # 4 KiB pages, no fault-around
+    assert not needs_populate(4096, 1)
 
 
 def test_a_file_that_changes_after_it_was_hashed_is_no_longer_current(

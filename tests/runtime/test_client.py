@@ -74,6 +74,15 @@ def test_acquire_maps_the_model(client: StoreClient) -> None:
     assert client.stats()["leases"] == 0
 
 
+def test_the_mapping_is_populated_unless_the_handle_says_not_to(client: StoreClient) -> None:
+    with client.acquire("mlp") as lease:
+        assert lease.mapping.wait_populated(30)
+        if lease.handle.get("populate") is False:
+            assert lease.mapping.populated is None  # no thread was started
+        else:
+            assert lease.mapping.populated in ("populate_read", "touched")
+
+
 def test_disk_tier_leases_map_the_verified_file(client: StoreClient) -> None:
     with client.acquire("mlp", tier="disk") as lease:
         assert lease.handle["kind"] == "file"
