@@ -14,6 +14,7 @@ from typing import Any
 
 from trims.config import data_dir, default_socket, parse_size
 from trims.daemon.settings import EVICTION_POLICIES, DaemonSettings, ServerLimits, TierBudgets
+from trims.daemon.tiers.cpu import CPU_BACKINGS
 from trims.errors import ValidationError
 from trims.telemetry import otlp_endpoint_from_env, setup_logging, setup_tracing
 
@@ -32,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cpu-backing",
-        choices=("auto", "memfd", "file"),
+        choices=CPU_BACKINGS,
         help="how the cpu tier holds models: sealed memfd copies, or the verified disk files in "
         "the page cache (faster to map with 4 KiB shmem pages) [auto; $TRIMS_CPU_BACKING]",
     )

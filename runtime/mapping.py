@@ -58,21 +58,12 @@ import numpy as np
 
 from trims.errors import ValidationError
 from trims.layout import Manifest
+from trims.libc import MADV_POPULATE_READ, libc
 from trims.runtime.adapters import numpy as numpy_adapter
 
 log = logging.getLogger(__name__)
 
-#: ``MADV_POPULATE_READ`` (Linux 5.14+); Python's ``mmap`` module names it from 3.13 on.
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _PAGE = mmap.PAGESIZE
-
-
-def _libc_madvise() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.madvise
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
 
 
 def _address(mm: mmap.mmap) -> int:
@@ -94,7 +85,7 @@ def populate(mm: mmap.mmap, label: str) -> str:
     if size == 0:
         return "skipped"
     t0 = time.perf_counter()
-    rc = _libc_madvise()(_address(mm), size, MADV_POPULATE_READ)
+    rc = libc().madvise(_address(mm), size, MADV_POPULATE_READ)
     err = ctypes.get_errno() if rc != 0 else 0
     if rc == 0:
         how = "populate_read"

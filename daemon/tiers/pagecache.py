@@ -57,33 +57,14 @@ import mmap
 import os
 import resource
 from pathlib import Path
-from typing import Any
 
 from trims.daemon.tiers.disk import Stamp, check_copy_digest, file_digest, open_copy
 from trims.errors import CorruptModel, TrimsError
+from trims.libc import MADV_POPULATE_READ, MAP_FAILED, libc
 from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 
-#: ``MADV_POPULATE_READ`` (Linux 5.14+); Python's ``mmap`` module names it from 3.13 on.
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-
-
-def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
-    libc.mmap.restype = ctypes.c_void_p
-    for name in ("munmap", "mlock"):
-        getattr(libc, name).argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        getattr(libc, name).restype = ctypes.c_int
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
-    return libc
-
-
-_LIBC = _libc()
-_MAP_FAILED = ctypes.c_void_p(-1).value
 #: ``RUSAGE_THREAD`` (Linux): the load runs in a thread of its own, so its faults are its own.
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", 1)
 
@@ -168,7 +149,7 @@ class PinnedFile:
         if address is None:
             return
         if self.size:
-            _LIBC.munmap(address, self.size)
+            libc().munmap(address, self.size)
         os.close(self.fd)
 
 
@@ -189,15 +170,15 @@ def _map_resident(fd: int, size: int, label: str) -> tuple[int, bool]:
     """Map the file shared read-only and keep its pages resident; (address, locked)."""
     if size == 0:
         return 0, False
-    address = _LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if address in (None, _MAP_FAILED):
+    address = libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, MAP_FAILED):
         err = ctypes.get_errno()
         raise TrimsError(f"cannot map the disk copy of {label}: {os.strerror(err)}")
-    _LIBC.madvise(address, size, mmap.MADV_HUGEPAGE)  # file THP where the kernel has it
-    if _LIBC.mlock(address, size) == 0:
+    libc().madvise(address, size, mmap.MADV_HUGEPAGE)  # file THP where the kernel has it
+    if libc().mlock(address, size) == 0:
         return address, True
     reason = os.strerror(ctypes.get_errno())
-    if _LIBC.madvise(address, size, _MADV_POPULATE_READ) != 0:
+    if libc().madvise(address, size, MADV_POPULATE_READ) != 0:
         log.debug("model %s: mapping not populated (%s)", label, os.strerror(ctypes.get_errno()))
     log.debug("model %s: pages mapped, not locked (mlock: %s)", label, reason)
     return address, False
