@@ -421,7 +421,7 @@ class Store:
             if t == "disk":
                 if not self.res.disk.contains(record.digest):
                     continue
-                if self.res.cpu.holds_file(record.digest) and "cpu" not in evicted:
+                if self.res.cpu.holds_file(record.digest):
                     # The cpu tier's copy is this very file (Note [page-cache copies]).
                     self._check_evictable(record, "cpu")
                     self.res.evict("cpu", self.res.ledgers["cpu"].residents[record.digest],
