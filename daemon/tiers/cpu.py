@@ -180,23 +180,26 @@ class CpuTier:
             raise ValueError(f"unknown cpu backing {backing!r}; use one of {CPU_BACKINGS}")
         if daemon_is_root is None:
             daemon_is_root = os.geteuid() == 0
-        mode = huge_page_mode(thp)
+        why = "--cpu-backing file"
         if backing == "auto":
             # A file copy is only as safe as its owner: root's blobs cannot be made writable by
             # function code (which never runs as root), a non-root daemon's can by any client
             # of its uid (Note [page-cache copies] in trims.daemon.tiers.pagecache).
             backing = "file" if daemon_is_root and not shmem_huge_pages(thp) else "memfd"
+            why = (
+                f"{thp}/shmem_enabled keeps shmem huge pages off; a memfd would sit in 4 KiB pages"
+            )
         #: "memfd" or "file": how this tier holds every model it loads.
         self.backing = backing
         self._fds: dict[str, tuple[int, int]] = {}
         self._files: dict[str, PinnedFile] = {}
         if backing == "memfd":
-            log.info("cpu tier: sealed memfds; %s", mode)
+            log.info("cpu tier: sealed memfds; %s", huge_page_mode(thp))
             return
         log.info(
             "cpu tier: verified disk files kept in the page cache and mapped read-only (large "
-            "folios where the filesystem has them); %s",
-            mode.replace("the memfd's MADV_HUGEPAGE advice is ignored; ", ""),
+            "folios where the filesystem has them), not sealed memfds: %s",
+            why,
         )
         if not daemon_is_root:
             log.warning(
