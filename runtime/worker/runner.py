@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -309,6 +310,20 @@ def _out_of_memory(e: BaseException) -> bool:
     return "can't allocate memory" in text or "std::bad_alloc" in text
 
 
+def init_failure(e: BaseException) -> str:
+    """Why init failed, for the caller: a TrimsError's message, or an unexpected exception with
+    the place it was raised (``KeyError: 'x' (at loader.py:39 in load_code)``), since the
+    worker's log, with the whole traceback, goes away with the instance."""
+    if isinstance(e, TrimsError):
+        return e.message
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    return f"{type(e).__name__}: {e}{where}"
+
+
 def _extract(carrier: Mapping[str, str]) -> Any:
     from trims.telemetry import extract_context
 
@@ -329,9 +344,10 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            reason = e.message if isinstance(e, TrimsError) else f"{type(e).__name__}: {e}"
+            reason = init_failure(e)
             log.error("instance %s of %s failed to start: %s",
-                      settings.instance_id, settings.spec.name, reason)  # fmt: skip
+                      settings.instance_id, settings.spec.name, reason,
+                      exc_info=not isinstance(e, TrimsError))  # fmt: skip
             print(f"init failed: {reason}", file=sys.stderr, flush=True)
             worker.server.set_failed(reason)
             with contextlib.suppress(TimeoutError):

@@ -111,7 +111,8 @@ async def test_init_failure_is_told_to_the_first_client_then_the_worker_exits(
     conn = await _connect(f"unix:{path}")
     hello = await conn.hello()
     assert hello["state"] == "failed"
-    assert hello["reason"] == "RuntimeError: cannot load weights"
+    # An unexpected exception says where it was raised: the worker's log goes with it.
+    assert hello["reason"] == "RuntimeError: cannot load weights (at handler.py:6 in init)"
     conn.close()
     assert await asyncio.get_running_loop().run_in_executor(None, proc.wait) == EXIT_INIT_FAILED
     assert not os.path.exists(path)
