@@ -9,6 +9,7 @@ import pytest
 
 from trims.errors import ProtocolError
 from trims.runtime.wire import (
+    COMPACT_META,
     HEADER,
     FrameReader,
     Kind,
@@ -44,9 +45,59 @@ def test_many_frames_in_one_chunk_and_large_bodies() -> None:
 
 def test_malformed_frames_raise_protocol_error() -> None:
     with pytest.raises(ProtocolError):
-        FrameReader().feed(HEADER.pack(4, 1, Kind.INVOKE, 100))
+        FrameReader().feed(HEADER.pack(4, 1, Kind.INVOKE, 0, 100))
     with pytest.raises(ProtocolError, match="kind"):
-        FrameReader().feed(HEADER.pack(12, 1, 99, 0))
+        FrameReader().feed(HEADER.pack(12, 1, 99, 0, 0))
+    with pytest.raises(ProtocolError, match="flags"):
+        FrameReader().feed(HEADER.pack(12, 1, Kind.INVOKE, 0x80, 0))
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"h": {"content-type": "text/plain", "x-a": ""}},
+        {"s": 200, "h": {"content-type": "application/json"}},
+        {"s": 404},
+        {"h": {"x-unicode": "caf\u00e9 \u2603"}},
+    ],
+)
+def test_headers_and_status_travel_compact_and_come_back_the_same(meta: dict[str, Any]) -> None:
+    data = _bytes(encode_frame(5, Kind.REPLY, meta, b"body"))
+    assert data[9] & COMPACT_META
+    (frame,) = FrameReader().feed(data)
+    assert frame.meta == meta and frame.body == b"body"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"h": {"x-nul": "a\x00b"}},  # a NUL would split the field
+        {"s": 200, "h": {}},  # compact has no empty map
+        {"s": True},
+        {"s": 200, "t": {"traceparent": "00-x"}},
+        {"h": {"a": ["b"]}},
+    ],
+)
+def test_any_other_meta_stays_json_and_comes_back_the_same(meta: dict[str, Any]) -> None:
+    data = _bytes(encode_frame(5, Kind.REPLY, meta))
+    assert not data[9] & COMPACT_META
+    (frame,) = FrameReader().feed(data)
+    assert frame.meta == meta
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b"200\x00content-type", "without its value"),
+        (b"20x", "status"),
+        (b"\xff\xfe", "UTF-8"),
+        ("\u00b2".encode(), "status"),  # a digit to str.isdigit, not to int()
+    ],
+)
+def test_a_broken_compact_meta_is_a_protocol_error(raw: bytes, match: str) -> None:
+    head = HEADER.pack(HEADER.size - 4 + len(raw), 1, Kind.REPLY, COMPACT_META, len(raw))
+    with pytest.raises(ProtocolError, match=match):
+        FrameReader().feed(head + raw)
 
 
 def test_trace_headers_travel_in_the_meta() -> None:
@@ -89,7 +140,7 @@ def test_truncated_array_body_is_a_protocol_error() -> None:
 
 def _raw_frame(meta: bytes, kind: Kind = Kind.HELLO) -> bytes:
     """A frame whose meta bytes are exactly ``meta`` (a broken or hostile peer's)."""
-    return HEADER.pack(HEADER.size - 4 + len(meta), 0, kind, len(meta)) + meta
+    return HEADER.pack(HEADER.size - 4 + len(meta), 0, kind, 0, len(meta)) + meta
 
 
 @pytest.mark.parametrize("meta", [b"{not json", b"\xff\xfe", b"[1, 2]", b'"text"', b"[" * 100_000])
