@@ -41,16 +41,12 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
+
+from trims.runtime.gateway.loop_metrics import LoopCounter, LoopHistogram
 
 _BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -120,102 +116,102 @@ class GatewayMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.http_requests = Counter(
+        self.http_requests = LoopCounter(
             "trims_http_requests",
             "HTTP requests the gateway answered, by route template, method and status (those "
             "it refused itself included)",
             ["route", "method", "status"],
             registry=r,
         )
-        self.http_duration = Histogram(
+        self.http_duration = LoopHistogram(
             "trims_http_request_duration_seconds",
             "Time from a request's arrival to its response, by route template and method",
             ["route", "method"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.inference_requests = Counter(
+        self.inference_requests = LoopCounter(
             "trims_inference_requests",
             "Requests to a function (model) by version, protocol (v1 invoke, v2 infer) and "
             "outcome (success: 2xx; failure: anything else)",
             ["function", "version", "protocol", "outcome"],
             registry=r,
         )
-        self.inference_count = Counter(
+        self.inference_count = LoopCounter(
             "trims_inference_count",
             "Samples inferred: the batch dimension of each successful v2 request, 1 per v1 call",
             ["function", "version"],
             registry=r,
         )
-        self.inference_exec_count = Counter(
+        self.inference_exec_count = LoopCounter(
             "trims_inference_exec_count",
             "Calls an instance answered (executions; one per request, there is no batching)",
             ["function", "version"],
             registry=r,
         )
-        self.inference_duration = Histogram(
+        self.inference_duration = LoopHistogram(
             "trims_inference_request_duration_seconds",
             "End-to-end time of a function request in the gateway (queue, cold start, answer)",
             ["function", "version", "protocol"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.invocations = Counter(
+        self.invocations = LoopCounter(
             "trims_invocations",
             "Invocations by function and HTTP status",
             ["function", "status"],
             registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = LoopHistogram(
             "trims_queue_wait_seconds",
             "Time a request waited for an instance slot",
             ["function"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.cold_start = Histogram(
+        self.cold_start = LoopHistogram(
             "trims_cold_start_seconds",
             "Time from starting an instance to its init() having run",
             ["function"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.execution = Histogram(
+        self.execution = LoopHistogram(
             "trims_execution_seconds",
             "Time an instance took to answer one request",
             ["function"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.cold_starts = Counter(
+        self.cold_starts = LoopCounter(
             "trims_cold_starts", "Instances started", ["function"], registry=r
         )
-        self.instance_failures = Counter(
+        self.instance_failures = LoopCounter(
             "trims_instance_failures",
             "Instances that died or failed to start",
             ["function"],
             registry=r,
         )
-        self.model_acquire = Histogram(
+        self.model_acquire = LoopHistogram(
             "trims_model_acquire_seconds",
             "Model acquire time reported by instances",
             ["function"],
             buckets=_BUCKETS,
             registry=r,
         )
-        self.traced = Counter(
+        self.traced = LoopCounter(
             "trims_traced_invocations",
             "Invocations that asked for a trace (trims-trace-level), by function and level",
             ["function", "level"],
             registry=r,
         )
-        self.trace_failures = Counter(
+        self.trace_failures = LoopCounter(
             "trims_trace_failures",
             "Traced invocations whose profiler failed (the result was still returned)",
             ["function"],
             registry=r,
         )
-        self.pipeline_stage = Histogram(
+        self.pipeline_stage = LoopHistogram(
             "trims_pipeline_stage_seconds",
             "Time one step of a pipeline took (its function call as the gateway saw it: queue, "
             "cold start, answer); stage 'total' is the whole run",
@@ -223,7 +219,7 @@ class GatewayMetrics:
             buckets=_BUCKETS,
             registry=r,
         )
-        self.pipeline_invocations = Counter(
+        self.pipeline_invocations = LoopCounter(
             "trims_pipeline_invocations",
             "Pipeline runs by pipeline and HTTP status",
             ["pipeline", "status"],
