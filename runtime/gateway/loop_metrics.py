@@ -4,8 +4,9 @@ prometheus_client guards every value with a lock, because any thread may change 
 histogram observation takes three locks (its sum, its bucket, the check that it has labels)
 and a counter one. The gateway changes its metrics from its event loop and nowhere else (its
 threads, for deploy checks and trace export, touch none), and reads them on that loop too
-(``/metrics`` renders there), so the locks guard nothing. Measured on echo through the gateway
-(nine updates per request), they cost about a tenth of the gateway's CPU per request.
+(``/metrics`` renders there), so the locks guard nothing. Measured: an observation 0.67 ->
+0.19 us, an increment 0.29 -> 0.09 us; a request through the gateway makes nine of them (about
+3 us of the ~90 us of the gateway's CPU an echo request costs).
 
 :class:`LoopCounter` and :class:`LoopHistogram` are prometheus_client's classes, exposition,
 labels and removal included, with lock-free values and a hot path of a few operations
