@@ -6,8 +6,12 @@ Both servers run as their own processes and are loaded by the same load generato
 separate process (aiohttp on uvloop, keep-alive connections, the first second discarded as
 warm-up). The echo function is ``examples/echo`` on the local executor: every request goes
 client -> gateway -> worker (Unix socket) -> gateway -> client, where the bare server answers
-directly. The pair is measured ``--repeat`` times, alternating, and medians are reported (the
-ratio is of the median rates).
+directly. Between the two, a minimal proxy (``proxy``): one aiohttp route on uvloop that sends
+each request's body and headers to the same echo worker over its own connection (the gateway's
+wire protocol and client) and answers with the reply: the floor of this design (an HTTP server
+plus a round trip to a worker process) without the gateway's routing table, middlewares, auth,
+pool, queue and metrics. The servers are measured ``--repeat`` times, alternating, and medians
+are reported (the ratios are of the median rates).
 
 Two load shapes (``--modes closed,open``, both by default):
 
@@ -22,8 +26,8 @@ Two load shapes (``--modes closed,open``, both by default):
   ``_send_lag_p99_ms`` (how late the load generator itself sent; a single Python process
   cannot keep a schedule near its own capacity, and the output says when that happened).
 
-Writes ``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", ...}`` and prints a markdown
-table.
+Writes ``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", "proxy_rps", ...}`` and prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -77,6 +81,52 @@ def serve_bare() -> None:
         await asyncio.Event().wait()
 
     uvloop.run(main())
+
+
+def serve_proxy(worker: str) -> None:
+    """The minimal proxy to the echo worker at ``worker`` (``unix:PATH``); prints its port."""
+    import uvloop
+    from aiohttp import web
+
+    from trims.runtime.gateway.service import forwarded_headers
+    from trims.runtime.wire import META_HEADERS, META_STATUS, Kind
+    from trims.runtime.worker.client import WorkerConnection, raise_for_error
+
+    async def main() -> None:
+        conn = await WorkerConnection.open(worker)
+        await conn.hello()
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.read()
+            headers = forwarded_headers(request.headers)
+            frame = await conn.request(Kind.INVOKE, {META_HEADERS: headers}, body, 30.0)
+            raise_for_error(frame)
+            meta = frame.meta
+            return web.Response(
+                status=meta.get(META_STATUS, 200), headers=meta.get(META_HEADERS), body=frame.body
+            )
+
+        app = web.Application()
+        app.router.add_post("/", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        print(f"proxy ready port={runner.addresses[0][1]}", file=sys.stderr, flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+def worker_socket(gateway_pid: int) -> str:
+    """The address the echo worker (a process under the gateway) listens on."""
+    import psutil
+
+    for pid in tree_pids(gateway_pid)[1:]:
+        for conn in psutil.Process(pid).net_connections("unix"):
+            if conn.laddr and conn.laddr.endswith(".sock"):  # its socket file (the worker binds)
+                return f"unix:{conn.laddr}"
+    raise RuntimeError("the echo worker's socket was not found under the gateway")
 
 
 async def _load(url: str, concurrency: int, seconds: float, rate: float | None) -> dict[str, Any]:
@@ -150,7 +200,7 @@ def deploy_echo(url: str) -> None:
 
 
 MODES = ("closed", "open")
-SERVERS = ("echo", "bare")
+SERVERS = ("echo", "proxy", "bare")
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -168,10 +218,10 @@ def run_pair(
 ) -> dict[str, dict[str, Any]]:
     """One repeat: each server in each mode, bare first; ``{"echo": ..., "echo_open": ...}``."""
     out: dict[str, dict[str, Any]] = {}
-    for server in ("bare", "echo"):
+    for server in ("bare", "proxy", "echo"):
         if "closed" in args.modes:
             out[server] = measure(urls[server], args.concurrency, args.seconds, pids[server])
-    for server in ("bare", "echo"):
+    for server in ("bare", "proxy", "echo"):
         if "open" in args.modes:
             rate = args.open_rate or args.open_fraction * out[server]["rps"]
             out[f"{server}_open"] = measure(
@@ -201,6 +251,8 @@ def summarize_runs(
     if "closed" in args.modes:
         doc["ratio"] = doc["echo_rps"] / doc["bare_rps"]
         doc["ratios"] = [r["echo"]["rps"] / r["bare"]["rps"] for r in runs]
+        doc["proxy_ratio"] = doc["proxy_rps"] / doc["bare_rps"]
+        doc["proxy_ratios"] = [r["proxy"]["rps"] / r["bare"]["rps"] for r in runs]
     if "open" in args.modes:
         doc["open_fraction"] = None if args.open_rate else args.open_fraction
         doc["open_rate"] = args.open_rate
@@ -220,6 +272,7 @@ def table(doc: dict[str, Any]) -> str:
     rows = []
     for server, label in (
         ("echo", "echo via gateway (gateway + worker)"),
+        ("proxy", "minimal proxy to the same worker"),
         ("bare", "bare aiohttp"),
     ):
         if f"{server}_rps" in doc:
@@ -251,10 +304,14 @@ def main() -> int:
                         "fraction")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-proxy", metavar="WORKER", help=argparse.SUPPRESS)
     parser.add_argument("--loadgen", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
         serve_bare()
+        return 0
+    if args.serve_proxy:
+        serve_proxy(args.serve_proxy)
         return 0
     if args.loadgen:
         loadgen(args.loadgen, args.concurrency, args.seconds, args.open_rate)
@@ -272,16 +329,25 @@ def main() -> int:
         gateway, url = start_gateway(
             root, "--preload", "numpy", "--store-socket", str(root / "none")
         )
+        proxy = None
         try:
             deploy_echo(url)
+            proxy = start(
+                [sys.executable, __file__, "--serve-proxy", worker_socket(gateway.proc.pid)],
+                root / "proxy.log", r"port=(\d+)",
+            )  # fmt: skip
             urls = {
                 "bare": f"http://127.0.0.1:{bare.match.group(1)}/",
+                "proxy": f"http://127.0.0.1:{proxy.match.group(1)}/",
                 "echo": f"{url}/v1/functions/echo/invoke",
             }
-            pids = {"bare": bare.proc.pid, "echo": gateway.proc.pid}
-            # alternate, so both see the same background load
+            # the proxy's CPU is its own and the worker's, which it shares with the gateway
+            pids = {"bare": bare.proc.pid, "proxy": proxy.proc.pid, "echo": gateway.proc.pid}
+            # alternate, so all see the same background load
             runs = [run_pair(urls, pids, args) for _ in range(args.repeat)]
         finally:
+            if proxy is not None:
+                proxy.stop()
             gateway.stop()
             bare.stop()
 
@@ -292,6 +358,8 @@ def main() -> int:
     if "ratio" in doc:
         ratios = ", ".join(f"{r:.2f}" for r in doc["ratios"])
         text += f"\n\necho / bare = {doc['ratio']:.2f} (runs: {ratios}; {where})"
+        floor = ", ".join(f"{r:.2f}" for r in doc["proxy_ratios"])
+        text += f"\nminimal proxy / bare = {doc['proxy_ratio']:.2f} (runs: {floor})"
     for server in SERVERS:
         lag = doc.get(f"{server}_open_send_lag_p99_ms")
         if lag is not None and lag > LATE_MS:

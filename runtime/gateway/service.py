@@ -50,6 +50,11 @@ DROPPED_HEADERS = frozenset(
 )  # fmt: skip
 
 
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers a function gets: names lower-cased, :data:`DROPPED_HEADERS` left out."""
+    return {low: v for k, v in headers.items() if (low := k.lower()) not in DROPPED_HEADERS}
+
+
 class Gateway:
     def __init__(self, settings: GatewaySettings, executor_factory: ExecutorFactory) -> None:
         self.settings = settings
@@ -210,7 +215,7 @@ class Gateway:
         """
         self._refuse_when_draining()
         pool = self.pool(name)
-        passed = {low: v for k, v in headers.items() if (low := k.lower()) not in DROPPED_HEADERS}
+        passed = forwarded_headers(headers)
         started = time.monotonic()
         if traced is not None:
             return await self._invoke_traced(pool, body, passed, traced, started)
