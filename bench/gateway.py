@@ -118,14 +118,14 @@ def serve_proxy(worker: str) -> None:
     uvloop.run(main())
 
 
-def worker_socket(gateway_pid: int) -> str:
-    """The address the echo worker (a process under the gateway) listens on."""
+def echo_worker(gateway_pid: int) -> tuple[str, int]:
+    """The address the echo worker (a process under the gateway) listens on, and its pid."""
     import psutil
 
     for pid in tree_pids(gateway_pid)[1:]:
         for conn in psutil.Process(pid).net_connections("unix"):
             if conn.laddr and conn.laddr.endswith(".sock"):  # its socket file (the worker binds)
-                return f"unix:{conn.laddr}"
+                return f"unix:{conn.laddr}", pid
     raise RuntimeError("the echo worker's socket was not found under the gateway")
 
 
@@ -161,11 +161,11 @@ def loadgen(url: str, concurrency: int, seconds: float, rate: float | None) -> N
 
 
 def measure(
-    url: str, concurrency: int, seconds: float, server_pid: int, rate: float | None = None
+    url: str, concurrency: int, seconds: float, servers: list[int], rate: float | None = None
 ) -> dict[str, Any]:
-    """Load ``url`` (closed loop, or open loop at ``rate`` req/s); also the CPU the server's
-    process tree spent per request."""
-    pids = tree_pids(server_pid)
+    """Load ``url`` (closed loop, or open loop at ``rate`` req/s); also the CPU the process
+    trees of ``servers`` spent per request."""
+    pids = [pid for root in servers for pid in tree_pids(root)]
     before = cpu_seconds(pids)
     open_loop = ["--open-rate", str(rate)] if rate is not None else []
     out = subprocess.run(
@@ -214,7 +214,7 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 
 def run_pair(
-    urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace
+    urls: dict[str, str], pids: dict[str, list[int]], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
     """One repeat: each server in each mode, bare first; ``{"echo": ..., "echo_open": ...}``."""
     out: dict[str, dict[str, Any]] = {}
@@ -272,7 +272,7 @@ def table(doc: dict[str, Any]) -> str:
     rows = []
     for server, label in (
         ("echo", "echo via gateway (gateway + worker)"),
-        ("proxy", "minimal proxy to the same worker"),
+        ("proxy", "minimal proxy to the same worker (proxy + worker)"),
         ("bare", "bare aiohttp"),
     ):
         if f"{server}_rps" in doc:
@@ -332,8 +332,9 @@ def main() -> int:
         proxy = None
         try:
             deploy_echo(url)
+            worker, worker_pid = echo_worker(gateway.proc.pid)
             proxy = start(
-                [sys.executable, __file__, "--serve-proxy", worker_socket(gateway.proc.pid)],
+                [sys.executable, __file__, "--serve-proxy", worker],
                 root / "proxy.log", r"port=(\d+)",
             )  # fmt: skip
             urls = {
@@ -341,8 +342,12 @@ def main() -> int:
                 "proxy": f"http://127.0.0.1:{proxy.match.group(1)}/",
                 "echo": f"{url}/v1/functions/echo/invoke",
             }
-            # the proxy's CPU is its own and the worker's, which it shares with the gateway
-            pids = {"bare": bare.proc.pid, "proxy": proxy.proc.pid, "echo": gateway.proc.pid}
+            # each server's CPU: its process tree; the proxy's and the worker's it uses
+            pids = {
+                "bare": [bare.proc.pid],
+                "proxy": [proxy.proc.pid, worker_pid],
+                "echo": [gateway.proc.pid],
+            }
             # alternate, so all see the same background load
             runs = [run_pair(urls, pids, args) for _ in range(args.repeat)]
         finally:

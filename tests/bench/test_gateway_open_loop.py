@@ -36,7 +36,7 @@ def test_open_loop_is_reported_beside_the_closed_loop(tmp_path: Path) -> None:
         assert doc[f"{server}_open_offered_rps"] == pytest.approx(0.5 * doc[f"{server}_rps"])
         assert doc[f"{server}_open_rps"] > 0
     assert doc["errors"] == 0 and doc["ratio"] > 0 and doc["proxy_ratio"] > 0
-    assert "| minimal proxy to the same worker | closed, c=2 |" in proc.stdout
+    assert "| minimal proxy to the same worker (proxy + worker) | closed, c=2 |" in proc.stdout
     assert "| open |" in proc.stdout and "| closed, c=2 |" in proc.stdout
 
 
