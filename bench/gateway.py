@@ -61,6 +61,21 @@ from runtime_common import (
 BODY = b"hello"
 
 
+async def _serve_post(name: str, handler: Any) -> None:
+    """Serve ``handler`` on ``POST /`` (aiohttp, no access log) and print ``{name} ready
+    port=N``; runs until killed."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    print(f"{name} ready port={runner.addresses[0][1]}", file=sys.stderr, flush=True)
+    await asyncio.Event().wait()
+
+
 def serve_bare() -> None:
     """A hello-world aiohttp server on uvloop; prints its port."""
     import uvloop
@@ -70,17 +85,7 @@ def serve_bare() -> None:
         await request.read()
         return web.Response(body=b"hello", content_type="text/plain")
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/", hello)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        print(f"bare ready port={runner.addresses[0][1]}", file=sys.stderr, flush=True)
-        await asyncio.Event().wait()
-
-    uvloop.run(main())
+    uvloop.run(_serve_post("bare", hello))
 
 
 def serve_proxy(worker: str) -> None:
@@ -106,14 +111,7 @@ def serve_proxy(worker: str) -> None:
                 status=meta.get(META_STATUS, 200), headers=meta.get(META_HEADERS), body=frame.body
             )
 
-        app = web.Application()
-        app.router.add_post("/", forward)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        print(f"proxy ready port={runner.addresses[0][1]}", file=sys.stderr, flush=True)
-        await asyncio.Event().wait()
+        await _serve_post("proxy", forward)
 
     uvloop.run(main())
 
