@@ -116,13 +116,18 @@ def encode_frame(
     return [head, body] if body else [head]
 
 
+#: A compact meta's status has at most nine digits (an HTTP status has three); a larger one
+#: goes as JSON.
+_STATUS_LIMIT = 10**9
+
+
 def _compact(meta: Mapping[str, Any]) -> bytes | None:
     """``meta`` in the compact form (Note [compact meta]), or None when it has no such form."""
     status = meta.get(META_STATUS)
     headers = meta.get(META_HEADERS)
     if len(meta) != (status is not None) + (headers is not None):
         return None  # another key
-    if status is not None and (type(status) is not int or status < 0):
+    if status is not None and (type(status) is not int or not 0 <= status < _STATUS_LIMIT):
         return None
     fields = [str(status) if status is not None else ""]
     if headers is not None:
@@ -149,7 +154,7 @@ def _compact_meta(raw: bytearray) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     status = fields[0]
     if status:
-        if not (status.isascii() and status.isdigit() and len(status) <= 9):
+        if not (status.isascii() and status.isdigit() and len(status) < len(str(_STATUS_LIMIT))):
             raise ProtocolError(f"bad frame meta: status {status[:20]!r}")
         meta[META_STATUS] = int(status)
     if len(fields) > 1:

@@ -310,7 +310,7 @@ def _out_of_memory(e: BaseException) -> bool:
     return "can't allocate memory" in text or "std::bad_alloc" in text
 
 
-def init_failure(e: BaseException) -> str:
+def failure_reason(e: BaseException) -> str:
     """Why init failed, for the caller: a TrimsError's message, or an unexpected exception with
     the place it was raised (``KeyError: 'x' (at loader.py:39 in load_code)``), since the
     worker's log, with the whole traceback, goes away with the instance."""
@@ -344,7 +344,7 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            reason = init_failure(e)
+            reason = failure_reason(e)
             log.error("instance %s of %s failed to start: %s",
                       settings.instance_id, settings.spec.name, reason,
                       exc_info=not isinstance(e, TrimsError))  # fmt: skip
