@@ -178,7 +178,18 @@ class Worker:
             if self.spec.models:
                 self.model_acquire_s = time.perf_counter() - t_models
                 PHASES.mark("models")
-            # On this thread, not the pool's: see Note [imports on the loop thread].
+            # Note [imports on the loop thread]: the function's module is imported on the
+            # event loop's thread (which has nothing else to do before the instance is ready),
+            # not in the pool. ``load_code`` puts the code_dir on sys.path, and a tracer that
+            # watches sys.path may react from another thread: coverage.py (CI measures coverage
+            # in workers) re-reads its path matchers on the next file any thread meets after
+            # sys.path changed, snapshotting sys.modules and deleting every module that
+            # appeared while it imported its source packages. Imported in the pool, the handler
+            # module could appear in that window while the loop's thread ran the re-read, and
+            # its own import then failed with ``KeyError: 'gwfuncs' (at <frozen
+            # importlib._bootstrap>:701 in _load_unlocked)`` (seen in two CI runs of about
+            # ten). On one thread the re-read happens inside the import, before the module has
+            # a chance to be counted as new.
             code: FunctionCode = load_code(self.spec)
             self._code = code
             PHASES.mark("imported")
@@ -199,17 +210,6 @@ class Worker:
             self.settings.instance_id, self.spec.name, (time.perf_counter() - t0) * 1e3,
         )  # fmt: skip
 
-    # Note [imports on the loop thread]: the function's module is imported on the event loop's
-    # thread (which has nothing else to do before the instance is ready), not in the pool.
-    # ``load_code`` puts the code_dir on sys.path, and a tracer that watches sys.path may react
-    # from another thread: coverage.py (CI measures coverage in workers) re-reads its path
-    # matchers on the next file any thread meets after sys.path changed, snapshotting
-    # sys.modules and deleting every module that appeared while it imported its source
-    # packages. Imported in the pool, the handler module could appear in that window while the
-    # loop's thread ran the re-read, and its own import then failed with ``KeyError: 'gwfuncs'
-    # (at <frozen importlib._bootstrap>:701 in _load_unlocked)`` (seen in two CI runs of
-    # about ten). On one thread the re-read happens inside the import, before the module has
-    # a chance to be counted as new.
     async def _call(self, fn: Any, is_async: bool, *args: Any) -> Any:
         if is_async:
             return await fn(*args)
