@@ -5,7 +5,7 @@ inherits the imported modules copy-on-write and goes straight to the worker's ma
 
 Protocol (newline-delimited JSON over a socketpair; the executor holds the other end)::
 
-    zygote -> executor  {"event": "ready", "pid", "preloaded": [...]}           once, after imports
+    zygote -> executor  {"event": "ready", "pid", "preloaded", "warmed"}        once, after imports
     executor -> zygote  {"op": "fork", "id", "argv", "env", "cwd", "log"}      start a worker
     zygote -> executor  {"event": "forked", "id", "pid"} | {"event": "error", "id", "message"}
     executor -> zygote  {"op": "signal", "pid", "signal"}                      to its process group
@@ -30,9 +30,11 @@ then fork as without a pool.
 
 Note [fork safety]: the invariants that keep a fork of this process a working worker.
 
-* The zygote never runs framework code: imports only. OpenMP and other thread pools that
-  torch creates on first use do not survive ``fork``; a child that inherited a half-initialised
-  pool would deadlock on its first matmul. (Importing numpy starts OpenBLAS's pool, which
+* The zygote starts no framework thread pool: it imports the frameworks and runs their
+  warm-up on one thread (Note [zygote warm-up] in :mod:`trims.runtime.executors.warmup`), and
+  nothing else of theirs. OpenMP and other thread pools that torch creates on first
+  multi-threaded use do not survive ``fork``; a child that inherited a half-initialised pool
+  would deadlock on its first matmul. (Importing numpy starts OpenBLAS's pool, which
   re-initialises itself in the child through its ``pthread_atfork`` handlers; the zygote's
   own loop is single-threaded.)
 * The zygote is the parent of every worker, so it reaps them (SIGCHLD -> ``waitpid``) and
@@ -116,7 +118,7 @@ class _ZygoteServer:
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(message).encode() + b"\n")
 
-    def serve(self, preloaded: list[str]) -> None:
+    def serve(self, preloaded: list[str], warmed: list[str]) -> None:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         # Blocked, not ignored: a child inherits the mask, so a SIGTERM sent to a worker before
@@ -124,7 +126,7 @@ class _ZygoteServer:
         signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         self.sel.register(self.sock, selectors.EVENT_READ)
         self.sel.register(self.wake_r, selectors.EVENT_READ)
-        self.send({"event": "ready", "pid": os.getpid(), "preloaded": preloaded})
+        self.send({"event": "ready", "pid": os.getpid(), "preloaded": preloaded, "warmed": warmed})
         try:
             while True:
                 for key, _ in self.sel.select(self._refill_timeout()):
@@ -443,16 +445,18 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preload", default="numpy,torch,onnxruntime")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
+    from trims.runtime.executors.warmup import warm_up
     from trims.runtime.worker.sandbox import die_with_parent
 
     die_with_parent(args.parent_pid)
     preloaded = _preload([m for m in args.preload.split(",") if m])
+    warmed = warm_up(preloaded)
     _worker_parser()
     # Everything imported so far lives as long as the zygote: keep the collector away from it
     # so that a child's collections do not write to (and so copy) every page of it.
     gc.collect()
     gc.freeze()
-    _ZygoteServer(sock, args.parent_pid).serve(preloaded)
+    _ZygoteServer(sock, args.parent_pid).serve(preloaded, warmed)
     return 0
 
 
@@ -497,6 +501,8 @@ class ZygoteHandle:
         self._children: dict[int, ZygoteChild] = {}
         self._early_exits: dict[int, int] = {}
         self.preloaded: list[str] = []
+        #: the preloaded frameworks whose warm-up ran (Note [zygote warm-up])
+        self.warmed: list[str] = []
         self._events: asyncio.Task[None] | None = None
         self.error: str | None = None
         self._closing = False
@@ -529,11 +535,13 @@ class ZygoteHandle:
                 f"zygote process did not start (exit code {process.returncode}); see the log above"
             )
         zygote.preloaded = list(ready["preloaded"])
+        zygote.warmed = list(ready.get("warmed", ()))
         zygote._events = asyncio.get_running_loop().create_task(
             zygote._read_events(), name="zygote-events"
         )
-        log.info("zygote %d ready in %.2f s with %s preloaded", process.pid,
-                 time.perf_counter() - t0, ", ".join(zygote.preloaded))  # fmt: skip
+        log.info("zygote %d ready in %.2f s with %s preloaded (%s warmed up)", process.pid,
+                 time.perf_counter() - t0, ", ".join(zygote.preloaded),
+                 ", ".join(zygote.warmed) or "none")  # fmt: skip
         return zygote
 
     async def _read_events(self) -> None:

@@ -394,6 +394,37 @@ async def test_zygote_children_inherit_preloaded_modules(
     assert ra["random"] != rb["random"], "forked workers share the zygote's random state"
 
 
+async def test_a_warmed_up_zygote_forks_workers_that_run_multithreaded_kernels(
+    make_function: MakeFunction,
+    local_executor: Callable[..., LocalExecutor],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The zygote ran torch's kernels (Note [zygote warm-up]); its children must still get
+    their own thread pools (Note [fork safety]): a pool inherited half-made would hang here."""
+    pytest.importorskip("torch")
+    spec = make_function(
+        """
+        import os
+        import torch
+        import torch.nn.functional as F
+
+        def handler(request, ctx):
+            torch.set_num_threads(2)
+            y = F.linear(torch.ones(64, 512), torch.ones(512, 512))
+            F.conv2d(torch.ones(1, 16, 32, 32), torch.ones(16, 16, 3, 3))
+            return {"sum": float(y[0, 0]), "threads": torch.get_num_threads()}
+        """
+    )
+    with caplog.at_level("INFO", logger="trims.runtime.executors.zygote"):
+        instance = await local_executor(preload=("numpy", "torch")).start(spec, "warm")
+        await instance.wait_ready(60)
+    assert "preloaded (numpy, torch warmed up)" in caplog.text
+    assert json.loads(await asyncio.wait_for(_invoke(instance), 60)) == {
+        "sum": 512.0,
+        "threads": 2,
+    }
+
+
 RUN_AS_HANDLER = """
 import os
 from trims.errors import TrimsError

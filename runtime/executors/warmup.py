@@ -1,0 +1,85 @@
+"""The zygote's warm-up: each preloaded framework runs its common kernels once, on one thread.
+
+Note [zygote warm-up]: a worker forked from the zygote inherits its mappings of the frameworks'
+shared libraries, but a page of library code is only in the page tables of a process that ran
+it. The zygote only imported the frameworks, so the code of their compute kernels (torch's
+GEMM, GEMV, convolution and activation kernels: most of libtorch_cpu's 325 MiB of text is
+never touched by an import) was mapped by nothing but the workers that ran it. When those exit,
+the kernel may evict those pages like any unmapped page cache, and it does under memory
+pressure or ``drop_caches``: the next worker's first request then reads them back from disk.
+Measured with ``bench/peers.py``'s model (8 x Linear(4096, 4096), a pooled worker), right
+after ``drop_caches``: a scale-from-zero's first response 133 ms (instance start 37 ms)
+without the warm-up, 66 ms (22 ms) with it; with a warm page cache both about 45 ms. A
+long-lived server (MLServer) keeps the pages it ran mapped in its own process.
+
+The warm-up keeps them mapped in the zygote, which lives as long as the node does: it runs a
+few small operations of each framework (linear layers as matrix-vector and matrix-matrix
+products, convolutions, pooling, normalisations, activations) on zero tensors. It changes no
+setting a child inherits and starts no thread (Note [fork safety] in
+:mod:`trims.runtime.executors.zygote`): torch runs it with one intra-op thread (so no OpenMP
+team is created) and gets its thread count back afterwards. A warm-up that fails is logged
+and skipped: it is an optimisation, never a reason for the zygote not to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def _torch() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            for batch in (1, 8):  # matrix-vector and matrix-matrix kernels
+                x, w, b = torch.zeros(batch, 256), torch.zeros(256, 256), torch.zeros(256)
+                y = F.relu(F.linear(x, w, b))
+                torch.softmax(y, -1)
+                F.layer_norm(y, (256,))
+                F.gelu(y)
+                torch.matmul(x, w)
+            image = torch.zeros(1, 8, 16, 16)
+            for k in (1, 3):
+                F.conv2d(image, torch.zeros(8, 8, k, k), padding=k // 2)
+            F.max_pool2d(image, 2)
+            F.adaptive_avg_pool2d(image, 1)
+            F.batch_norm(image, torch.zeros(8), torch.ones(8))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _numpy() -> None:
+    import numpy as np
+
+    x = np.zeros((8, 64), dtype=np.float32)
+    w = np.zeros((64, 64), dtype=np.float32)
+    y = np.maximum(x @ w, 0.0)
+    np.exp(y - y.max(axis=-1, keepdims=True)).sum(axis=-1)
+    np.frombuffer(y.tobytes(), dtype=np.float32).astype(np.float64).reshape(8, 64)
+
+
+#: Framework module -> its warm-up; run only for the frameworks the zygote preloaded.
+WARM_UPS: dict[str, Callable[[], None]] = {"numpy": _numpy, "torch": _torch}
+
+
+def warm_up(preloaded: Sequence[str]) -> list[str]:
+    """Run the warm-up of every framework in ``preloaded``; the names of those that ran."""
+    done = []
+    for name, run in WARM_UPS.items():
+        if name not in preloaded or name not in sys.modules:
+            continue
+        try:
+            run()
+        except Exception:
+            log.warning("zygote warm-up of %s failed; its kernels load on first use", name,
+                        exc_info=True)  # fmt: skip
+            continue
+        done.append(name)
+    return done
