@@ -19,7 +19,11 @@ a [1, 4096] (or [1, 64]) float32 ``input``, and the same torch forward pass over
   memory ``--replicas`` workers, throughput ``--mlserver-workers`` (default: one per core).
 
 Cases, interleaved run by run (trims, MLServer, trims, ...), each with the page cache warm and
-dropped right before (``echo 3 > /proc/sys/vm/drop_caches``):
+dropped right before (``echo 3 > /proc/sys/vm/drop_caches``), every warm run first: a drop
+evicts the library code no live process has mapped, and a warm case that came right after
+the other system's dropped one met a cache that was cold for it (trims' first responses took
+2-3x as long there as in a run without MLServer: its worker read its torch's code back from
+disk, and MLServer, which runs another install of torch, had read only its own):
 ``scale_from_zero`` (trims: a function with no instance, its model in the CPU tier, ``tier:
 cpu``, or evicted to the disk tier, ``tier: disk``), ``load`` (MLServer: the repository API's
 load call into a running server) and ``process_start`` (MLServer started with the model).
@@ -378,8 +382,9 @@ async def cold(
             await loader.live(session)
             # untimed: the server's first load imports the runtime (torch) into it
             await mlserver_cold(session, loader, root, full, v2_body(args.width), "warm", "load")
-        for run in range(args.runs):
-            for cache in caches:
+        # every warm-cache run before the dropped ones: see the module's docstring
+        for cache in caches:
+            for run in range(args.runs):
                 for tier, peer_case in (("cpu", "load"), ("disk", "process_start")):
                     if "trims" in args.systems:
                         name = f"full-{tier}-{cache}-{run}"
