@@ -40,7 +40,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +64,7 @@ from trims.runtime.executors.base import (
     call_in_thread,
     refuse_environment,
 )
+from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.access import User, check_code_as
@@ -347,8 +347,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         self.settings = settings
         self.id = uuid.uuid4().hex[:12]
         self._client: Any = None
-        self._own_state_dir = settings.state_dir is None
         self._state_dir = settings.state_dir
+        self._owned_dir: OwnedDir | None = None
         super().__init__()
         self._swept = False
         self._user = settings.user or _default_user()
@@ -375,7 +375,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
     @property
     def state_dir(self) -> Path:
         if self._state_dir is None:
-            self._state_dir = Path(tempfile.mkdtemp(prefix="trims-docker-"))
+            self._owned_dir = make_owned_dir("trims-docker-")  # Note [stale state directories]
+            self._state_dir = self._owned_dir.path
         self._state_dir.mkdir(parents=True, exist_ok=True)
         return self._state_dir
 
@@ -618,8 +619,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._own_state_dir and self._state_dir is not None:
-            shutil.rmtree(self._state_dir, ignore_errors=True)
+        if self._owned_dir is not None:
+            self._owned_dir.remove()
 
 
 def remove_orphans(

@@ -29,10 +29,8 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import Protocol
 
 from trims.errors import NotFound, Unavailable, ValidationError
 from trims.runtime.executors.base import ExecutorBase, Instance, WorkerInstance
+from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
 from trims.runtime.executors.zygote import ZygoteHandle
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
@@ -229,8 +228,8 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
             uid, gid = resolve_user(self.run_as)
             self._user = User(uid, gid)
             self._warn_unreadable_runtime(self._user)
-        self._own_state_dir = settings.state_dir is None
         self._state_dir: Path | None = settings.state_dir
+        self._owned_dir: OwnedDir | None = None
         #: One zygote per environment (None: the default interpreter), started on first use.
         self._zygotes: dict[str | None, ZygoteHandle] = {}
         self._zygote_lock = asyncio.Lock()
@@ -263,7 +262,8 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
     @property
     def state_dir(self) -> Path:
         if self._state_dir is None:
-            self._state_dir = Path(tempfile.mkdtemp(prefix="trims-local-"))
+            self._owned_dir = make_owned_dir("trims-local-")  # Note [stale state directories]
+            self._state_dir = self._owned_dir.path
         if not self._state_dir.exists():
             self._state_dir.mkdir(parents=True, mode=0o755)
         if self._user is not None:
@@ -393,5 +393,5 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         zygotes, self._zygotes = list(self._zygotes.values()), {}
         for zygote in zygotes:
             await zygote.close()
-        if self._own_state_dir and self._state_dir is not None:
-            shutil.rmtree(self._state_dir, ignore_errors=True)
+        if self._owned_dir is not None:
+            self._owned_dir.remove()
