@@ -144,6 +144,15 @@ class HostMapping:
             return not thread.is_alive()
         return True
 
+    def populate_now(self) -> str:
+        """Fill the page tables now, on this thread, whatever the daemon's hint said (a standby
+        instance, which has time before its first request: Note [standby instances] in
+        trims.runtime.gateway.pool); how it went, as :func:`populate` says it."""
+        self.wait_populated()
+        if self.populated in (None, "skipped"):
+            self.populated = populate(self._require(), self.manifest.name)
+        return self.populated
+
     @classmethod
     def from_fd(
         cls, fd: int, size: int, manifest: Manifest, *, populate: bool = True

@@ -97,6 +97,13 @@ class StoreModel(ModelBase):
 
         return mx_adapter.ndarrays(self.lease)
 
+    def populate(self) -> str | None:
+        """Fill this process's page tables for the host mapping now (a standby's prepare);
+        how (see :func:`trims.runtime.mapping.populate`), or None for a device-tier lease."""
+        if self.lease.device is not None:
+            return None
+        return self.lease.mapping.populate_now()
+
     def mxnet_executor(self, symbol: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> Any:
         from trims.runtime.adapters import mxnet as mx_adapter
 

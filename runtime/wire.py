@@ -34,6 +34,11 @@ order. ``CANCEL`` (client -> worker) abandons a request whose caller gave up (as
 are cancelled; a sync handler runs to its end and its reply is dropped). ``t`` carries the W3C
 ``traceparent``/``tracestate`` headers so the worker's spans join the caller's trace.
 
+A worker started as a standby (``trims worker --standby``) first says ``HELLO`` with
+``{"state": "standby", "pid", "function"}`` once its models are mapped and its code imported;
+it answers no request until a client sends ``ACTIVATE`` (request id 0, no meta or body). It
+then runs ``init(ctx)`` and says ``HELLO`` again, ``ready`` or ``failed``, to every connection.
+
 A traced request (the caller sent ``trims-trace-level``) adds ``"tl": level`` (``model``,
 ``layer``, ``library``, ``kernel`` or ``full``) to the INVOKE or INFER meta; its REPLY meta then
 carries ``"tr": {"spans": [...], "unavailable": {level: reason}, "error", "truncated"}`` (see
@@ -82,6 +87,8 @@ class Kind(IntEnum):
     REPLY = 4
     ERROR = 5
     CANCEL = 6
+    #: caller -> a standby worker: run init now (Note [standby instances]).
+    ACTIVATE = 7
 
 
 class Frame(NamedTuple):

@@ -40,6 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default=None, help="log level (default $TRIMS_LOG_LEVEL or INFO)"
     )
+    parser.add_argument(
+        "--standby", action="store_true",
+        help="prepare (models mapped, code imported) and run init only when a client sends "
+        "ACTIVATE",
+    )  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
@@ -70,6 +75,7 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         ),
         otlp_endpoint=otlp_endpoint_from_env(dict(os.environ)),
         start_trace={name.lower(): os.environ[name] for name in TRACE_ENV if os.environ.get(name)},
+        standby=args.standby,
     )
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from trims.errors import (
     ErrorMap,
@@ -50,6 +50,7 @@ from trims.runtime.worker.client import (
     close_quietly,
     raise_for_error,
 )
+from trims.telemetry import inject_context
 
 if TYPE_CHECKING:
     import numpy as np
@@ -97,6 +98,14 @@ class Instance(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> bool: ...
 
+    async def wait_standby(self, timeout: float) -> None:
+        """A standby (:meth:`StandbyExecutor.start_standby`): return once it is prepared."""
+        raise NotImplementedError(f"{type(self).__name__} has no standby instances")
+
+    async def activate(self, timeout: float) -> None:
+        """Run a prepared standby's init; return as :meth:`wait_ready` does."""
+        raise NotImplementedError(f"{type(self).__name__} has no standby instances")
+
 
 class Executor(Protocol):
     name: str
@@ -116,6 +125,17 @@ class Executor(Protocol):
 
     async def close(self) -> None:
         """Stop every instance this executor started and release its resources."""
+        ...
+
+
+@runtime_checkable
+class StandbyExecutor(Executor, Protocol):
+    """An executor that can also start standby instances (Note [standby instances] in
+    :mod:`trims.runtime.gateway.pool`)."""
+
+    async def start_standby(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        """Create an instance that prepares (models, code) but runs init only when
+        activated; the caller awaits ``wait_standby``, later ``activate``."""
         ...
 
 
@@ -184,7 +204,22 @@ class WorkerInstance(Instance):
         return self._died(reason)
 
     async def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        await self._wait_hello(time.monotonic() + timeout, timeout, None)
+
+    async def wait_standby(self, timeout: float) -> None:
+        await self._wait_hello(time.monotonic() + timeout, timeout, None, standby=True)
+
+    async def activate(self, timeout: float) -> None:
+        if self._conn is None:
+            raise RuntimeError(f"instance {self.id}: activate before wait_standby")
+        try:
+            # The caller's current span (the pool's "instance start") parents the worker's init.
+            self._conn.activate(inject_context())
+        except ConnectionLost:
+            raise await self._death() from None
+        await self._wait_hello(time.monotonic() + timeout, timeout, "standby")
+
+    async def _connect(self, deadline: float, timeout: float) -> WorkerConnection:
         retry_s, most_s = self.CONNECT_RETRY_S
         while self._conn is None:
             if self.exit_reason is not None or not self.alive():
@@ -205,9 +240,17 @@ class WorkerInstance(Instance):
                     ) from None
                 await asyncio.sleep(min(retry_s, max(0.0, deadline - time.monotonic())))
                 retry_s = min(retry_s * 2, most_s)
+        return self._conn
+
+    async def _wait_hello(
+        self, deadline: float, timeout: float, past: str | None, *, standby: bool = False
+    ) -> None:
+        """Connect, then wait for a HELLO whose state is not ``past``: "ready" (or, with
+        ``standby``, "standby"); anything else raises with the worker's reason."""
+        conn = await self._connect(deadline, timeout)
         try:
             hello = await asyncio.wait_for(
-                self._conn.hello(), max(0.001, deadline - time.monotonic())
+                conn.hello(past), max(0.001, deadline - time.monotonic())
             )
         except TimeoutError:
             raise Timeout(
@@ -215,12 +258,15 @@ class WorkerInstance(Instance):
             ) from None
         except ConnectionLost:
             raise await self._death() from None
-        if hello.get("state") != "ready":
-            reason = str(hello.get("reason", "unknown reason"))
+        state = hello.get("state")
+        if state != ("standby" if standby else "ready"):
+            reason = str(hello.get("reason", f"it said {state!r}"))
             self.exit_reason = f"init failed: {reason}"
             await close_quietly(self._conn)
             raise UpstreamError(f"instance {self.id} of {self.function} failed to start: {reason}")
         self.pid = hello.get("pid", self.pid)
+        if standby:
+            return
         acquire_s = hello.get("model_acquire_s")
         self.model_acquire_s = float(acquire_s) if isinstance(acquire_s, int | float) else None
         self._ready = True

@@ -5,8 +5,9 @@ implementation of :class:`~trims.runtime.executors.base.Executor` with no proces
 container behind it, so that what stands above (the gateway's pool, its scaling and error
 paths) runs and is tested in milliseconds without patching anything.
 
-A function is an :class:`InProcessFunction`: optional ``init`` (awaited by ``wait_ready``),
-``invoke(body, headers)`` and ``infer(inputs)``. Instances keep the error contract of
+A function is an :class:`InProcessFunction`: optional ``init`` (awaited by ``wait_ready``, or
+by ``activate`` for a standby), ``prepare`` (a standby's ``wait_standby``), ``invoke(body,
+headers)`` and ``infer(inputs)``. Instances keep the error contract of
 ``base.py``: a crashed instance (:meth:`InProcessInstance.crash`) fails its in-flight and later
 requests with ``UpstreamError("instance <id> of <fn> died: <reason>")``, a request past its
 timeout raises ``Timeout`` (the instance stays up), a handler that raises gives
@@ -49,6 +50,9 @@ class InProcessFunction:
     infer: InferHandler | None = None
     #: Awaited by ``wait_ready`` (the worker's ``init(ctx)``); raising fails the start.
     init: InitHandler | None = None
+    #: Awaited by a standby's ``wait_standby`` (the worker's model acquire and import);
+    #: raising fails the standby.
+    prepare: InitHandler | None = None
 
 
 class InProcessInstance(Instance):
@@ -63,6 +67,8 @@ class InProcessInstance(Instance):
         self.started_at = time.time()
         self.code = code
         self.ready = False
+        #: A standby that ``wait_standby`` found prepared (init not run until ``activate``).
+        self.prepared = False
         self.exit_reason: str | None = None
         #: Requests begun and finished (any outcome) on this instance.
         self.begun = 0
@@ -132,14 +138,28 @@ class InProcessInstance(Instance):
             self.finished += 1
             self.changed()
 
+    async def wait_standby(self, timeout: float) -> None:
+        """Run the function's ``prepare`` (if any); the instance is then a prepared standby."""
+        await self._start_step("prepare", self.code.prepare, timeout)
+        self.prepared = True
+        self.changed()
+
+    async def activate(self, timeout: float) -> None:
+        await self.wait_ready(timeout)
+
     async def wait_ready(self, timeout: float) -> None:
-        init = self.code.init
-        if init is not None:
+        await self._start_step("init", self.code.init, timeout)
+        self.ready = True
+        self.changed()
+
+    async def _start_step(self, what: str, step: InitHandler | None, timeout: float) -> None:
+        """Run ``step`` (init or prepare) as a worker would: its failure ends the instance."""
+        if step is not None:
             try:
-                await self._run("init", lambda: init(self), timeout)
+                await self._run(what, lambda: step(self), timeout)
             except Timeout:
                 raise Timeout(
-                    f"instance {self.id} of {self.function} did not finish init within "
+                    f"instance {self.id} of {self.function} did not finish {what} within "
                     f"{timeout:.1f} s"
                 ) from None
             except UpstreamError as e:
@@ -152,8 +172,6 @@ class InProcessInstance(Instance):
                 ) from e
         if self.exit_reason is not None:
             raise self._died()
-        self.ready = True
-        self.changed()
 
     async def invoke(
         self,
@@ -214,6 +232,10 @@ class InProcessExecutor:
                 f"(it has: {', '.join(sorted(self.functions)) or 'none'})",
                 field="name",
             )
+
+    async def start_standby(self, spec: FunctionSpec, instance_id: str) -> InProcessInstance:
+        """An instance whose ``init`` waits for :meth:`InProcessInstance.activate`."""
+        return await self.start(spec, instance_id)
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> InProcessInstance:
         if self._closed:

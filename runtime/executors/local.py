@@ -341,6 +341,15 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         return argv
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        return await self._start(spec, instance_id, standby=False)
+
+    async def start_standby(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        """A standby worker (``trims worker --standby``; Note [standby instances] in
+        :mod:`trims.runtime.gateway.pool`), forked like any other (from the warm pool when
+        there is one)."""
+        return await self._start(spec, instance_id, standby=True)
+
+    async def _start(self, spec: FunctionSpec, instance_id: str, *, standby: bool) -> Instance:
         self._check_start(instance_id)
         if spec.handler is None:
             raise ValidationError(
@@ -364,11 +373,12 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         process: _Process
         python = self.settings.python_for(spec.environment)
         zygote = await self._zygote_or_none(spec.environment)
+        extra = ["--standby"] if standby else []
         if zygote is not None:
-            argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid)
+            argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid) + extra
             process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
         else:
-            argv = self._worker_argv(spec, instance_id, socket_path, os.getpid())
+            argv = self._worker_argv(spec, instance_id, socket_path, os.getpid()) + extra
             with log_path.open("ab") as logf:
                 spawned = await asyncio.create_subprocess_exec(
                     python, "-m", "trims", "worker", *argv,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from trims.errors import ProtocolError, UpstreamError, ValidationError
-from trims.runtime.wire import Frame, FrameReader, FrameWriter, Kind, encode_frame
+from trims.runtime.wire import META_TRACE, Frame, FrameReader, FrameWriter, Kind, encode_frame
 
 
 class ConnectionLost(Exception):
@@ -31,7 +31,11 @@ class _ClientProtocol(asyncio.Protocol):
         self._reader = FrameReader()
         self.transport: asyncio.Transport | None = None
         self.writer = FrameWriter()
-        self.hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        #: The worker's latest HELLO (None: none yet); a standby says two (wire.py).
+        self.last_hello: dict[str, Any] | None = None
+        #: Resolved (and replaced) on every HELLO and when the stream fails.
+        self.hello_changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.error: Exception | None = None
         self.pending: dict[int, asyncio.Future[Frame]] = {}
         self.closed = asyncio.Event()
 
@@ -49,8 +53,8 @@ class _ClientProtocol(asyncio.Protocol):
             return
         for frame in frames:
             if frame.kind is Kind.HELLO:
-                if not self.hello.done():
-                    self.hello.set_result(frame.meta)
+                self.last_hello = frame.meta
+                self._hello_changed()
                 continue
             fut = self.pending.pop(frame.request_id, None)
             if fut is not None and not fut.done():
@@ -62,9 +66,14 @@ class _ClientProtocol(asyncio.Protocol):
         self._fail(ConnectionLost(str(exc) if exc else "worker closed the connection"))
         self.closed.set()
 
+    def _hello_changed(self) -> None:
+        done, self.hello_changed = self.hello_changed, asyncio.get_running_loop().create_future()
+        done.set_result(None)
+
     def _fail(self, error: Exception) -> None:
-        if not self.hello.done():
-            self.hello.set_exception(error)
+        if self.error is None:
+            self.error = error
+            self._hello_changed()
         pending, self.pending = self.pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -90,9 +99,27 @@ class WorkerConnection:
             raise ValidationError(f"worker address {address!r}: use unix:PATH or tcp:HOST:PORT")
         return cls(protocol)
 
-    async def hello(self) -> dict[str, Any]:
-        """The worker's HELLO: {"state": "ready"|"failed", "reason"?, "pid", ...}."""
-        return await asyncio.shield(self._p.hello)
+    async def hello(self, past: str | None = None) -> dict[str, Any]:
+        """The worker's latest HELLO, ``{"state": "ready"|"failed"|"standby", "reason"?, "pid",
+        ...}``, once there is one whose state is not ``past`` (``past="standby"``: the HELLO
+        an activated standby says after its init). ConnectionLost if the stream ends first."""
+        p = self._p
+        while True:
+            last = p.last_hello
+            if last is not None and last.get("state") != past:
+                return last
+            if p.error is not None:
+                raise p.error
+            await asyncio.shield(p.hello_changed)
+
+    def activate(self, trace: Mapping[str, str] | None = None) -> None:
+        """Ask a standby worker to run its init (wire.py), its spans joining ``trace`` (W3C
+        headers); its next HELLO says how it went."""
+        if self._p.transport is None:
+            raise ConnectionLost("worker connection is closed")
+        self._p.writer.send(
+            encode_frame(0, Kind.ACTIVATE, {META_TRACE: dict(trace)} if trace else None)
+        )
 
     async def wait_closed(self) -> None:
         await self._p.closed.wait()

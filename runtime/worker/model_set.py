@@ -38,6 +38,14 @@ class ModelSet:
             self.client.close()
             self.client = None
 
+    def populate(self) -> None:
+        """Fill the page tables of every store-mapped model now (a standby's prepare: Note
+        [standby instances] in trims.runtime.gateway.pool), so its first request reads at
+        warm speed; a model loaded from its source has nothing to populate."""
+        for key, model in self.models.items():
+            how = model.populate() if hasattr(model, "populate") else None
+            log.debug("model %s: mapping populated for the standby (%s)", key, how or "nothing")
+
 
 def connect_store(store_socket: Path | None) -> Any:
     """A store client connected now (before the worker drops privileges, so a worker running

@@ -27,6 +27,7 @@ from opentelemetry import trace
 
 from trims.config import admin_socket_for, default_socket, format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
+from trims.runtime.executors.warmup import warm_up_threads
 from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.errors import ClientError
 from trims.runtime.functions.spec import FunctionSpec
@@ -73,6 +74,10 @@ class WorkerSettings:
     otlp_endpoint: str | None = None
     #: W3C trace context of whoever started the instance: init and model spans join its trace.
     start_trace: Mapping[str, str] = field(default_factory=dict)
+    #: Start as a standby: prepare (models mapped and populated, code imported), say so, and
+    #: run init only on a client's ACTIVATE (Note [standby instances] in
+    #: trims.runtime.gateway.pool).
+    standby: bool = False
 
 
 class StartPhases:
@@ -166,49 +171,87 @@ class Worker:
 
     async def initialize(self) -> None:
         """Acquire models, import code, run init(ctx). Raises with the reason on failure."""
-        self._check_confinement()
-        PHASES.mark("checked")
         t0 = time.perf_counter()
-        parent = _extract(self.settings.start_trace) if self.settings.start_trace else None
-        with _tracer.start_as_current_span(
-            "worker.init", context=parent, attributes={"function": self.spec.name}
-        ):
-            t_models = time.perf_counter()
-            self._models = await self._call(acquire_models, False, self.spec, self._store)
-            if self.spec.models:
-                self.model_acquire_s = time.perf_counter() - t_models
-                PHASES.mark("models")
-            # Note [imports on the loop thread]: the function's module is imported on the
-            # event loop's thread (which has nothing else to do before the instance is ready),
-            # not in the pool. ``load_code`` puts the code_dir on sys.path, and a tracer that
-            # watches sys.path may react from another thread: coverage.py (CI measures coverage
-            # in workers) re-reads its path matchers on the next file any thread meets after
-            # sys.path changed, snapshotting sys.modules and deleting every module that
-            # appeared while it imported its source packages. Imported in the pool, the handler
-            # module could appear in that window while the loop's thread ran the re-read, and
-            # its own import then failed with ``KeyError: 'gwfuncs' (at <frozen
-            # importlib._bootstrap>:701 in _load_unlocked)`` (seen in two CI runs of about
-            # ten). On one thread the re-read happens inside the import, before the module has
-            # a chance to be counted as new.
-            code: FunctionCode = load_code(self.spec)
-            self._code = code
-            PHASES.mark("imported")
-            self._ctx = Context(
-                function=self.spec.name,
-                instance_id=self.settings.instance_id,
-                models=MappingProxyType(self._models.models),
-                logger=logging.getLogger(f"trims.function.{self.spec.name}"),
-                tracer=trace.get_tracer(f"trims.function.{self.spec.name}"),
-                config=self.spec.config,
-            )
-            if code.init is not None:
-                await self._call(code.init, asyncio.iscoroutinefunction(code.init), self._ctx)
-                PHASES.mark("init")
+        with self._span("worker.init"):
+            await self._prepare()
+            await self._init()
+        self._log_ready(t0)
+
+    async def prepare_standby(self) -> None:
+        """A standby's first half: what :meth:`initialize` does before init(ctx), and the
+        models' page tables filled, so the first request after :meth:`activate` is warm."""
+        t0 = time.perf_counter()
+        with self._span("worker.prepare"):
+            await self._prepare()
+            await self._call(self._models.populate, False)
+            PHASES.mark("populated")
+            warmed = await self._call(warm_up_threads, False)
+            PHASES.mark("warmed")
+            log.debug("standby warm-up ran on the thread pools of: %s", ", ".join(warmed))
+        log.info("instance %s of %s prepared as a standby in %.1f ms", self.settings.instance_id,
+                 self.spec.name, (time.perf_counter() - t0) * 1e3)  # fmt: skip
+
+    async def activate(self, trace: Mapping[str, str]) -> None:
+        """A standby's second half: init(ctx), in the trace of whoever activated it."""
+        PHASES.mark("activated")
+        t0 = time.perf_counter()
+        with self._span("worker.init", trace):
+            await self._init()
+        self._log_ready(t0)
+
+    def _span(self, name: str, trace: Mapping[str, str] | None = None) -> Any:
+        carrier = self.settings.start_trace if trace is None else trace
+        parent = _extract(carrier) if carrier else None
+        return _tracer.start_as_current_span(
+            name, context=parent, attributes={"function": self.spec.name}
+        )
+
+    def _log_ready(self, t0: float) -> None:
         log.debug("instance %s start phases: %s", self.settings.instance_id, PHASES.line())
         log.info(
             "instance %s of %s ready in %.1f ms",
             self.settings.instance_id, self.spec.name, (time.perf_counter() - t0) * 1e3,
         )  # fmt: skip
+
+    async def _prepare(self) -> None:
+        """Check the confinement, acquire the models, import the code."""
+        self._check_confinement()
+        PHASES.mark("checked")
+        t_models = time.perf_counter()
+        self._models = await self._call(acquire_models, False, self.spec, self._store)
+        if self.spec.models:
+            self.model_acquire_s = time.perf_counter() - t_models
+            PHASES.mark("models")
+        # Note [imports on the loop thread]: the function's module is imported on the
+        # event loop's thread (which has nothing else to do before the instance is ready),
+        # not in the pool. ``load_code`` puts the code_dir on sys.path, and a tracer that
+        # watches sys.path may react from another thread: coverage.py (CI measures coverage
+        # in workers) re-reads its path matchers on the next file any thread meets after
+        # sys.path changed, snapshotting sys.modules and deleting every module that
+        # appeared while it imported its source packages. Imported in the pool, the handler
+        # module could appear in that window while the loop's thread ran the re-read, and
+        # its own import then failed with ``KeyError: 'gwfuncs' (at <frozen
+        # importlib._bootstrap>:701 in _load_unlocked)`` (seen in two CI runs of about
+        # ten). On one thread the re-read happens inside the import, before the module has
+        # a chance to be counted as new.
+        self._code = load_code(self.spec)
+        PHASES.mark("imported")
+
+    async def _init(self) -> None:
+        """Build the context and run the function's init(ctx)."""
+        code = self._code
+        assert code is not None
+        self._ctx = Context(
+            function=self.spec.name,
+            instance_id=self.settings.instance_id,
+            models=MappingProxyType(self._models.models),
+            logger=logging.getLogger(f"trims.function.{self.spec.name}"),
+            tracer=trace.get_tracer(f"trims.function.{self.spec.name}"),
+            config=self.spec.config,
+        )
+        if code.init is not None:
+            await self._call(code.init, asyncio.iscoroutinefunction(code.init), self._ctx)
+            PHASES.mark("init")
 
     async def _call(self, fn: Any, is_async: bool, *args: Any) -> Any:
         if is_async:
@@ -352,7 +395,14 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
     PHASES.mark("listening")
     try:
         try:
-            await worker.initialize()
+            if settings.standby:
+                await worker.prepare_standby()
+                worker.server.set_standby()
+                if not await _activated(worker.server.activated, stop):
+                    return 0  # stopped while a standby: nothing ran init, nothing to drain
+                await worker.activate(worker.server.activate_trace)
+            else:
+                await worker.initialize()
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -381,6 +431,18 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
     finally:
         await worker.server.close()
         worker.close()
+
+
+async def _activated(activated: asyncio.Event, stop: asyncio.Event) -> bool:
+    """Wait for a client's ACTIVATE (True) or a stop signal (False)."""
+    loop = asyncio.get_running_loop()
+    waits = {loop.create_task(activated.wait()), loop.create_task(stop.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+    return activated.is_set() and not stop.is_set()
 
 
 def size_thread_pools(cpus: float | None) -> None:

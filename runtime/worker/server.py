@@ -1,8 +1,10 @@
 """The worker's side of the wire protocol: accept connections, run requests, answer frames.
 
-Lifecycle: ``start()`` binds the listen address (clients may connect at once) -> ``set_ready()``
-or ``set_failed(reason)`` once init has run (every connection, present or future, then gets its
-HELLO) -> ``drain()`` refuses new requests and waits for the in-flight ones -> ``close()``.
+Lifecycle: ``start()`` binds the listen address (clients may connect at once) -> for a standby,
+``set_standby()`` once prepared, then :attr:`activated` waits for a client's ACTIVATE ->
+``set_ready()`` or ``set_failed(reason)`` once init has run (every connection, present or
+future, then gets its HELLO) -> ``drain()`` refuses new requests and waits for the in-flight
+ones -> ``close()``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from trims.errors import ProtocolError, TrimsError, Unavailable, ValidationError
-from trims.runtime.wire import Frame, FrameReader, FrameWriter, Kind, encode_frame
+from trims.runtime.wire import META_TRACE, Frame, FrameReader, FrameWriter, Kind, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class _Connection(asyncio.Protocol):
                 running = self._tasks.pop(frame.request_id, None)
                 if running is not None:
                     running.cancel()
+            elif frame.kind is Kind.ACTIVATE:
+                self._server.activate(frame.meta.get(META_TRACE) or {})
 
     async def _run(self, frame: Frame) -> None:
         rid = frame.request_id
@@ -128,6 +132,10 @@ class WorkerServer:
         self._draining = False
         #: Set once a client has received a "failed" HELLO (the worker may then exit).
         self.failure_delivered = asyncio.Event()
+        #: Set by a client's ACTIVATE while this worker is a standby (see :meth:`set_standby`).
+        self.activated = asyncio.Event()
+        #: The W3C trace context that ACTIVATE carried (its init joins that trace).
+        self.activate_trace: dict[str, str] = {}
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -153,6 +161,19 @@ class WorkerServer:
         self._state = {**self._hello, **info, "state": "ready"}
         for conn in list(self._connections):
             conn.send(0, Kind.HELLO, self._state, b"")
+
+    def set_standby(self) -> None:
+        """Tell every client this standby is prepared; it runs init on the first ACTIVATE."""
+        self._state = {**self._hello, "state": "standby"}
+        for conn in list(self._connections):
+            conn.send(0, Kind.HELLO, self._state, b"")
+
+    def activate(self, trace: dict[str, str]) -> None:
+        """A client's ACTIVATE: honoured once, and only while a standby (else ignored)."""
+        if self._state is not None and self._state["state"] == "standby":
+            if not self.activated.is_set():
+                self.activate_trace = {str(k): str(v) for k, v in dict(trace).items()}
+            self.activated.set()
 
     def set_failed(self, reason: str) -> None:
         self._state = {**self._hello, "state": "failed", "reason": reason}

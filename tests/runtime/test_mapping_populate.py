@@ -112,3 +112,17 @@ def test_close_waits_for_the_populate_thread(sealed_memfd: int) -> None:
     mapping.close()
     assert mapping.closed and mapping.wait_populated(0)
     assert mapping.populated is not None
+
+
+def test_populate_now_fills_a_mapping_the_hint_left_unpopulated(sealed_memfd: int) -> None:
+    # A standby (Note [standby instances]) populates whatever the daemon's hint said.
+    mapping = _mapping(sealed_memfd, populate=False)
+    try:
+        assert mapping.populated is None
+        assert mapping.populate_now() in ("populate_read", "touched")
+        assert _faults_of_full_read(mapping) < PAGES // 64
+        assert _anonymous_kib(mapping.address()) == 0
+        # Asked again (or after a background populate), it does not populate twice.
+        assert mapping.populate_now() == mapping.populated
+    finally:
+        mapping.close()
