@@ -56,6 +56,11 @@ def function_spec(obj: Mapping[str, Any]) -> tuple[FunctionSpec, int]:
         replicas = max(1, spec.scaling.min_instances)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         raise ValidationError(f"spec.replicas: must be an integer >= 0, got {replicas!r}")
+    if spec.scaling.standby:
+        raise ValidationError(
+            "spec.scaling.standby: standby instances are kept by a gateway's local executor; "
+            "the operator runs replicas (raise spec.replicas instead, or set standby to 0)"
+        )
     return spec, replicas
 
 

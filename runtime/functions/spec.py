@@ -264,6 +264,10 @@ _MIN_MAX = (
 class Scaling:
     min_instances: Count = _MIN_INSTANCES
     max_instances: PositiveInt = _MAX_INSTANCES
+    #: Instances kept prepared but not started (Note [standby instances] in
+    #: trims.runtime.gateway.pool): models mapped, code imported, ``init`` not run; a scale-up
+    #: takes one and runs only ``init``. Not serving, so not counted in min/max_instances.
+    standby: Count = 0
     #: Requests one instance handles at once (sync handlers get a thread pool this size).
     concurrency: PositiveInt = 1
     #: Requests waiting for an instance before the gateway answers 429.

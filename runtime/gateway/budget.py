@@ -1,4 +1,5 @@
-"""The node's instance budget: at most ``limit`` instances across all functions at once.
+"""The node's instance budget: at most ``limit`` instances across all functions at once (standby
+instances included: Note [standby instances] in trims.runtime.gateway.pool).
 
 A pool asks :meth:`InstanceBudget.try_start` before starting an instance. Under the limit the
 answer is yes. At the limit, the least recently used idle instance of any function is stopped to
@@ -26,6 +27,10 @@ class BudgetedPool(Protocol):
         """Stop its least recently used idle ready instance."""
         ...
 
+    def drop_standby(self) -> bool:
+        """Stop one of its standby instances; False if it has none."""
+        ...
+
     def wants_instances(self) -> bool: ...
 
     def retry_scale_up(self) -> None: ...
@@ -46,12 +51,19 @@ class InstanceBudget:
     def total(self) -> int:
         return sum(p.instance_total() for p in self._pools)
 
+    def has_room(self) -> bool:
+        """Is the node under its limit (a standby may start; nothing is evicted for it)?"""
+        return self.limit is None or self.total() < self.limit
+
     def try_start(self) -> bool:
-        """May one more instance start now? At the limit, evicts an idle one for later."""
-        if self.limit is None or self.total() < self.limit:
+        """May one more instance start now? At the limit, drops a standby (any function's)
+        or else evicts an idle instance for later."""
+        if self.has_room():
             return True
         if any(p.instance_draining() for p in self._pools):
             return False  # room is already being made; evicting more would overshoot
+        if any(p.drop_standby() for p in self._pools):
+            return False
         victim = _least_recently_used(self._pools)
         if victim is not None:
             victim.evict_idle()

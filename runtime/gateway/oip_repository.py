@@ -19,14 +19,15 @@ The repository extension maps Triton's explicit model control onto deploy and sc
 - ``POST /v2/repository/index`` (read scope; body ``{"ready": true}`` lists only READY ones):
   ``[{"name", "version", "state", "reason"}]``, one entry per served version.
 - ``POST /v2/repository/models/{name}/load`` (admin): a model unloaded by this gateway gets its
-  ``min_instances`` back (the function is deployed again with it), then the call waits until an
-  instance is ready, as Triton's load waits for the model: 200 when ready, the start's error
-  (502, naming the ``init`` failure) otherwise. Loading needs a deployed function: a model that
-  does not exist is deployed with ``PUT /v1/functions/{name}``.
+  ``min_instances`` and ``standby`` back (the function is deployed again with them), then the
+  call waits until an instance is ready, as Triton's load waits for the model: 200 when ready,
+  the start's error (502, naming the ``init`` failure) otherwise. Loading needs a deployed
+  function: a model that does not exist is deployed with ``PUT /v1/functions/{name}``.
 - ``POST /v2/repository/models/{name}/unload`` (admin): scale to zero. The function is deployed
-  again with ``min_instances: 0`` (kept in its saved spec) so its instances drain and stop; the
-  model answers not ready and its infer 503 until it is loaded again or deployed anew. The
-  function stays deployed: ``/v1`` invocations still start instances on demand.
+  again with ``min_instances: 0`` and ``standby: 0`` (kept in its saved spec) so its instances
+  and standbys drain and stop; the model answers not ready and its infer 503 until it is loaded
+  again or deployed anew. The function stays deployed: ``/v1`` invocations still start
+  instances on demand.
 
 The unloaded mark lives in this gateway's memory: a restarted gateway serves the model again
 (lazily, with the ``min_instances: 0`` the unload saved).
@@ -64,6 +65,8 @@ class _Unloaded:
     pool: Pool
     #: ``min_instances`` before the unload, given back by a load.
     min_instances: int
+    #: ``standby`` before the unload (an unloaded model keeps no standby either).
+    standby: int = 0
 
 
 class Repository:
@@ -135,9 +138,11 @@ class Repository:
         """Give an unloaded model its instances back, then wait for one to be ready."""
         pool = self.served_pool(name)
         mark = self._unloaded.pop(name, None) if self.unloaded(name) else None
-        if mark is not None and mark.min_instances > 0:
+        if mark is not None and (mark.min_instances > 0 or mark.standby > 0):
             spec = pool.spec
-            scaling = dataclasses.replace(spec.scaling, min_instances=mark.min_instances)
+            scaling = dataclasses.replace(
+                spec.scaling, min_instances=mark.min_instances, standby=mark.standby
+            )
             await self._gateway.deploy(dataclasses.replace(spec, scaling=scaling), replace=True)
             pool = self.served_pool(name)
         if self._gateway.draining:
@@ -155,9 +160,11 @@ class Repository:
         if self.unloaded(name):
             return
         spec = pool.spec
-        scaling = dataclasses.replace(spec.scaling, min_instances=0)
+        scaling = dataclasses.replace(spec.scaling, min_instances=0, standby=0)
         await self._gateway.deploy(dataclasses.replace(spec, scaling=scaling), replace=True)
-        self._unloaded[name] = _Unloaded(self.served_pool(name), spec.scaling.min_instances)
+        self._unloaded[name] = _Unloaded(
+            self.served_pool(name), spec.scaling.min_instances, spec.scaling.standby
+        )
         log.info("model %s unloaded: its instances drain and stop", name)
 
 

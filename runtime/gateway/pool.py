@@ -13,6 +13,24 @@ instance becomes ready, :meth:`_dispatch` hands it to the oldest waiter. An inst
 is retired: its in-flight requests get 502 with the executor's reason and a replacement starts
 when there is demand or ``min_instances`` asks for it. A request that times out (504) retires
 its instance too, since a hung handler would otherwise hold the slot forever.
+
+Note [standby instances]: with ``scaling.standby`` k > 0 (and an executor that has
+``start_standby``) the pool keeps k instances prepared but not started: the worker has
+forked, dropped its privileges, acquired and mapped its models, filled their page tables,
+imported the function's code and run the frameworks' kernels on its threads (Note [standby
+warm-up] in trims.runtime.executors.warmup), then waits without running ``init`` (state
+"standby", not counted in ``min_instances``/``max_instances`` and never given a request). A
+scale-up takes the oldest prepared standby instead of starting an instance: only ``init`` runs
+(ACTIVATE on the wire), so the cold start costs what MLServer's model load into a running
+server costs, and the first request finds the weights already mapped. The standby is replaced
+on the reaper's first tick at least ``standby_refill_s`` (1 s) after the activated instance is
+ready, not sooner: the replacement's preparation, and its frameworks' threads spinning for a
+moment after its warm-up, would compete for the CPU with the first requests (measured with
+bench/peers.py). Standbys count in the node's instance budget but are started only where there
+is room (never by evicting an instance); at the limit, a pool that needs room drops a standby
+before an idle instance is evicted. A standby that dies is replaced on the reaper's tick.
+Three failed preparations in a row stop the refills (logged) until an instance of the function
+starts: a broken function never becomes a start loop.
 """
 
 from __future__ import annotations
@@ -41,7 +59,9 @@ tracer = trace.get_tracer(__name__)
 
 T = TypeVar("T")
 
-STATES = ("starting", "ready", "draining")
+STATES = ("standby", "starting", "ready", "draining")
+#: Failed standby preparations in a row after which refills wait for the reaper's next tick.
+_STANDBY_FAILURES = 3
 
 
 @dataclass(eq=False)
@@ -58,10 +78,12 @@ class Slot:
     #: yet): a traced request that waited for it shows the start as its own span.
     started_ns: int = field(default_factory=time.time_ns)
     ready_ns: int | None = None
+    #: A standby whose preparation finished (Note [standby instances]).
+    prepared: bool = False
 
     def describe(self) -> dict[str, Any]:
         inst = self.instance
-        return {
+        out = {
             "id": self.id,
             "state": self.state,
             "inflight": self.inflight,
@@ -69,6 +91,9 @@ class Slot:
             "alive": bool(inst is not None and inst.alive()),
             "executor": inst.executor if inst is not None else None,
         }
+        if self.state == "standby":
+            out["prepared"] = self.prepared
+        return out
 
 
 class Pool:
@@ -85,6 +110,7 @@ class Pool:
         budget: InstanceBudget | None = None,
         start_timeout_s: float = 120.0,
         stop_grace_s: float = 5.0,
+        standby_refill_s: float = 1.0,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -93,6 +119,9 @@ class Pool:
         self._scaling = spec.scaling
         self._start_timeout_s = start_timeout_s
         self._stop_grace_s = stop_grace_s
+        #: Seconds after an activated standby is ready before its replacement may be prepared.
+        self._standby_refill_s = standby_refill_s
+        self._refill_after = 0.0
         self.slots: list[Slot] = []
         self._waiters: deque[asyncio.Future[Slot]] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -102,6 +131,8 @@ class Pool:
         self._idle.set()
         self._exec_ewma_s = 0.05
         self._start_failures = 0
+        self._standby_failures = 0
+        self._start_standby = getattr(executor, "start_standby", None)
         #: Why the last instance start failed; None once one starts (the model's readiness).
         self.start_error: str | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -162,6 +193,7 @@ class Pool:
         self._reaper = asyncio.create_task(self._reap_forever(), name=f"trims-reaper-{self.name}")
         self._budget.register(self)
         self._ensure_min()
+        self._fill_standby()
 
     async def close(self, drain_timeout_s: float) -> None:
         """Refuse new requests, let queued and in-flight ones finish, then stop every instance."""
@@ -331,33 +363,114 @@ class Pool:
         concurrency = self._scaling.concurrency
         starting = sum(1 for s in self.slots if s.state == "starting")
         unserved = len(self._waiters) - starting * concurrency
-        while (
-            unserved > 0
-            and self._active() < self._scaling.max_instances
-            and self._budget.try_start()
-        ):
-            self._start_instance()
+        while unserved > 0 and self._active() < self._scaling.max_instances and self._start_one():
             unserved -= concurrency
 
     def _ensure_min(self) -> None:
         if self._closed:
             return
-        while self._active() < self._scaling.min_instances and self._budget.try_start():
+        while self._active() < self._scaling.min_instances and self._start_one():
+            pass
+
+    def _start_one(self) -> bool:
+        """Start an instance: a prepared standby, else a new one if the node budget allows."""
+        if self._activate_standby():
+            return True
+        if self._budget.try_start():
             self._start_instance()
+            return True
+        return False
+
+    def _new_slot(self, state: str) -> Slot:
+        slot = Slot(id=f"{self.name}-{next(self._ids)}-{uuid.uuid4().hex[:6]}", state=state)
+        self.slots.append(slot)
+        return slot
 
     def _start_instance(self) -> None:
-        slot = Slot(id=f"{self.name}-{next(self._ids)}-{uuid.uuid4().hex[:6]}")
-        self.slots.append(slot)
+        slot = self._new_slot("starting")
         self._spawn(self._start(slot), f"start-{slot.id}")
 
-    async def _start(self, slot: Slot) -> None:
+    # -- standby instances (Note [standby instances]) -------------------------------------------
+
+    def _activate_standby(self) -> bool:
+        """Start the oldest prepared standby; False if there is none."""
+        for slot in self.slots:
+            if slot.state == "standby" and slot.prepared:
+                inst = slot.instance
+                if inst is None or not inst.alive():
+                    continue  # the reaper replaces it
+                slot.state = "starting"
+                slot.started_ns = time.time_ns()
+                self._spawn(self._start(slot, activate=True), f"activate-{slot.id}")
+                return True
+        return False
+
+    def _fill_standby(self) -> None:
+        """Prepare standbys up to ``scaling.standby`` where the node budget has room."""
+        start_standby = self._start_standby
+        if start_standby is None or self._closed or self._standby_failures >= _STANDBY_FAILURES:
+            return
+        if time.monotonic() < self._refill_after:
+            return
+        have = sum(1 for s in self.slots if s.state == "standby")
+        while have < self._scaling.standby and self._budget.has_room():
+            slot = self._new_slot("standby")
+            self._spawn(self._prepare(slot, start_standby), f"standby-{slot.id}")
+            have += 1
+
+    async def _prepare(self, slot: Slot, start_standby: Callable[..., Awaitable[Instance]]) -> None:
         started = time.monotonic()
-        with tracer.start_as_current_span(
-            "instance start", attributes={"function": self.name, "instance": slot.id}
-        ) as span:
+        try:
+            slot.instance = await start_standby(self.spec, slot.id)
+            await slot.instance.wait_standby(self._start_timeout_s)
+        except asyncio.CancelledError:
+            await self._stop_slot(slot)
+            raise
+        except Exception as e:
+            self._standby_failures += 1
+            reason = e.message if isinstance(e, TrimsError) else f"{type(e).__name__}: {e}"
+            log.warning("function %s: standby %s failed to prepare (%d in a row): %s%s",
+                        self.name, slot.id, self._standby_failures, reason,
+                        "; no more standbys until an instance starts"
+                        if self._standby_failures >= _STANDBY_FAILURES else "")  # fmt: skip
+            slot.state = "draining"
+            await self._stop_slot(slot)
+            return
+        self._standby_failures = 0
+        slot.prepared = True
+        log.info("function %s: standby %s prepared in %.3fs",
+                 self.name, slot.id, time.monotonic() - started)  # fmt: skip
+        if self._closed:
+            slot.state = "draining"
+            await self._stop_slot(slot)
+        elif self._waiters:
+            self._scale_up()  # demand arrived while it prepared
+
+    def drop_standby(self) -> bool:
+        """Stop one standby to make room in the node budget; False if this pool has none."""
+        for slot in self.slots:
+            if slot.state == "standby":
+                log.info("function %s: standby %s stopped to make room", self.name, slot.id)
+                slot.state = "draining"
+                self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+                return True
+        return False
+
+    async def _start(self, slot: Slot, *, activate: bool = False) -> None:
+        """Start ``slot``'s instance, or with ``activate`` run its prepared standby's init
+        (Note [standby instances])."""
+        started = time.monotonic()
+        attributes: dict[str, Any] = {"function": self.name, "instance": slot.id}
+        if activate:
+            attributes["standby"] = True
+        with tracer.start_as_current_span("instance start", attributes=attributes) as span:
             try:
-                slot.instance = await self._executor.start(self.spec, slot.id)
-                await slot.instance.wait_ready(self._start_timeout_s)
+                if activate:
+                    assert slot.instance is not None
+                    await slot.instance.activate(self._start_timeout_s)
+                else:
+                    slot.instance = await self._executor.start(self.spec, slot.id)
+                    await slot.instance.wait_ready(self._start_timeout_s)
             except asyncio.CancelledError:
                 await self._stop_slot(slot)
                 raise
@@ -365,8 +478,16 @@ class Pool:
                 span.record_exception(e)
                 self._start_failed(slot, e)
                 return
+        await self._started(slot, started)
+        if activate:
+            self._refill_after = time.monotonic() + self._standby_refill_s
+            self._fill_standby()  # at once only without a delay; else on a reaper tick
+
+    async def _started(self, slot: Slot, started: float) -> None:
+        """``slot``'s instance finished its start (begun at monotonic ``started``)."""
         elapsed = time.monotonic() - started
         self._start_failures = 0
+        self._standby_failures = 0
         self.start_error = None
         self._m_cold.observe(elapsed)
         self._m_cold_starts.inc()
@@ -441,6 +562,8 @@ class Pool:
             await asyncio.sleep(tick)
             now = time.monotonic()
             for slot in list(self.slots):
+                if slot.state == "standby" and slot.prepared:
+                    self._drop_dead_standby(slot)
                 if slot.state != "ready":
                     continue
                 inst = slot.instance
@@ -464,6 +587,16 @@ class Pool:
                     self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
             if self._start_failures < 3:
                 self._ensure_min()
+            self._fill_standby()
+
+    def _drop_dead_standby(self, slot: Slot) -> None:
+        inst = slot.instance
+        if inst is not None and inst.alive():
+            return
+        reason = (inst.exit_reason if inst is not None else None) or "it died"
+        log.warning("function %s: standby %s ended (%s); replacing it", self.name, slot.id, reason)
+        slot.state = "draining"
+        self._spawn(self._stop_slot(slot, grace_s=0.5), f"stop-{slot.id}")
 
     # -- the node budget (see budget.py) ----------------------------------------------------------
 

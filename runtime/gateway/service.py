@@ -20,7 +20,7 @@ from opentelemetry import trace
 
 from trims.config import write_atomic
 from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
-from trims.runtime.executors.base import Executor
+from trims.runtime.executors.base import Executor, StandbyExecutor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
 from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.code_rules import check_code
@@ -146,6 +146,12 @@ class Gateway:
             )
         executor_name = spec.executor or self.settings.executor
         executor = self._executor(executor_name)
+        if spec.scaling.standby and not isinstance(executor, StandbyExecutor):
+            raise ValidationError(
+                f"scaling.standby: the {executor_name} executor keeps no standby instances "
+                "(the local executor does); set it to 0 or deploy with executor: local",
+                field="scaling.standby",
+            )
         check_code(
             spec,
             protected=self._protected_dirs(),

@@ -82,6 +82,9 @@ def test_invalid_spec_names_the_field() -> None:
         desired_objects(function({"handler": "h:h", "scaling": {"concurrency": 0}}), SETTINGS)
     with pytest.raises(ValidationError, match="name"):
         desired_objects(function({"handler": "h:h"}, name="Bad_Name"), SETTINGS)
+    # Standby instances are the local executor's; the operator says so rather than ignore them.
+    with pytest.raises(ValidationError, match=r"scaling\.standby.*spec\.replicas"):
+        desired_objects(function({**SPEC, "scaling": {"standby": 1}}), SETTINGS)
 
 
 def test_status_reports_readiness_and_where_to_reach_it() -> None:

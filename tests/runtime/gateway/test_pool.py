@@ -100,6 +100,7 @@ async def make_pool() -> AsyncIterator[Callable[..., tuple[Pool, InProcessExecut
             budget=budget,
             start_timeout_s=5.0,
             stop_grace_s=0.01,
+            standby_refill_s=0.0,
         )
         pool.start()
         made.append((pool, executor))
@@ -118,7 +119,7 @@ async def test_scales_from_zero_on_the_first_request(make_pool: Any) -> None:
     instance_id, body = await pool.run(call)
     assert body == b"ping"
     assert [i.id for i in executor.started] == [instance_id]
-    assert pool.counts() == {"starting": 0, "ready": 1, "draining": 0}
+    assert pool.counts() == {"standby": 0, "starting": 0, "ready": 1, "draining": 0}
 
 
 async def test_requests_during_a_cold_start_wait_for_that_instance(make_pool: Any) -> None:
@@ -255,7 +256,7 @@ async def test_min_instances_start_warm_and_are_replaced_when_they_die(make_pool
         "the reaper's replacement of the dead warm instance",
     )
     await executor.until(lambda: dead.id in executor.stopped, "the dead instance cleaned up")
-    assert pool.counts() == {"starting": 0, "ready": 2, "draining": 0}
+    assert pool.counts() == {"standby": 0, "starting": 0, "ready": 2, "draining": 0}
 
 
 async def test_idle_instances_scale_down_to_min_instances(make_pool: Any) -> None:
@@ -269,7 +270,7 @@ async def test_idle_instances_scale_down_to_min_instances(make_pool: Any) -> Non
     held.answer(1)
     await asyncio.gather(*requests)
     await executor.until(lambda: len(executor.stopped) == 1, "one idle instance stopped")
-    assert pool.counts() == {"starting": 0, "ready": 1, "draining": 0}
+    assert pool.counts() == {"standby": 0, "starting": 0, "ready": 1, "draining": 0}
     assert len(executor.live()) == 1
 
 
@@ -377,3 +378,129 @@ async def test_a_handler_error_is_502_and_keeps_the_instance(make_pool: Any) -> 
         await pool.run(call)
     assert (await pool.run(call))[1] == b"fine"
     assert len(executor.started) == 1 and executor.stopped == []
+
+
+# -- standby instances (Note [standby instances] in runtime/gateway/pool.py) ---------------
+
+
+class Counted:
+    """``init`` and ``prepare`` that count their calls per instance (``prepare`` may fail)."""
+
+    def __init__(self, fail_prepare: int = 0) -> None:
+        self.inits: list[str] = []
+        self.prepares: list[str] = []
+        self.fail_prepare = fail_prepare
+
+    async def init(self, instance: InProcessInstance) -> None:
+        self.inits.append(instance.id)
+
+    async def prepare(self, instance: InProcessInstance) -> None:
+        self.prepares.append(instance.id)
+        if len(self.prepares) <= self.fail_prepare:
+            raise RuntimeError("the model is not in the store")
+
+    def function(self) -> InProcessFunction:
+        return InProcessFunction(invoke=echo, init=self.init, prepare=self.prepare)
+
+
+def _prepared(executor: InProcessExecutor, n: int) -> bool:
+    return sum(1 for i in executor.live() if i.prepared and not i.ready) == n
+
+
+async def test_a_standby_is_prepared_at_deploy_and_the_first_request_activates_it(
+    make_pool: Any,
+) -> None:
+    counted = Counted()
+    pool, executor = make_pool(counted.function(), standby=1)
+    await executor.until(lambda: _prepared(executor, 1), "the standby prepared")
+    standby = executor.started[0]
+    assert counted.inits == [], "a standby runs no init"
+    assert pool.counts() == {"standby": 1, "starting": 0, "ready": 0, "draining": 0}
+
+    instance_id, body = await pool.run(call)
+    assert (instance_id, body) == (standby.id, b"ping"), "the request went to the standby"
+    assert counted.inits == [standby.id]
+    # Replaced once the activated instance is ready: the next scale-from-zero is warm too.
+    await executor.until(lambda: _prepared(executor, 1), "the replacement standby prepared")
+    assert pool.counts() == {"standby": 1, "starting": 0, "ready": 1, "draining": 0}
+    assert counted.inits == [standby.id]
+    assert len(executor.started) == 2
+
+
+async def test_a_standby_serves_no_request_and_counts_in_no_instance_limit(make_pool: Any) -> None:
+    counted = Counted()
+    pool, executor = make_pool(counted.function(), standby=1, min_instances=1, max_instances=1)
+    await executor.until(
+        lambda: _prepared(executor, 1) and pool.counts()["ready"] == 1, "warm + standby"
+    )
+    for _ in range(3):
+        instance_id, _ = await pool.run(call)
+        assert executor.started[0].ready and instance_id == executor.started[0].id
+    assert pool.counts() == {"standby": 1, "starting": 0, "ready": 1, "draining": 0}
+
+
+async def test_a_dead_standby_is_replaced(make_pool: Any) -> None:
+    counted = Counted()
+    pool, executor = make_pool(counted.function(), standby=1, idle_timeout_s=0.2)
+    await executor.until(lambda: _prepared(executor, 1), "the standby prepared")
+    dead = executor.started[0]
+    dead.crash("killed by SIGKILL")
+    await executor.until(
+        lambda: dead.id in executor.stopped and _prepared(executor, 1), "the replacement"
+    )
+    instance_id, _ = await pool.run(call)
+    assert instance_id == executor.started[1].id != dead.id
+
+
+async def test_failed_preparations_stop_the_refills_until_an_instance_starts(
+    make_pool: Any,
+) -> None:
+    counted = Counted(fail_prepare=10)
+    pool, executor = make_pool(counted.function(), standby=1, idle_timeout_s=0.2)
+    await executor.until(lambda: len(counted.prepares) == 3, "three failed preparations")
+    await executor.until(lambda: len(executor.stopped) == 3, "the failed standbys stopped")
+    assert pool.counts()["standby"] == 0
+    # What the reaper does on each tick starts no fourth preparation.
+    before = len(executor.started)
+    pool._fill_standby()
+    await asyncio.sleep(0)  # a started preparation would have run its first step
+    assert len(executor.started) == before and pool.counts()["standby"] == 0
+    # A request starts an instance the ordinary way; its success lets refills resume.
+    counted.fail_prepare = 0
+    instance_id, body = await pool.run(call)
+    assert body == b"ping" and instance_id not in counted.prepares
+    await executor.until(lambda: _prepared(executor, 1), "refills resumed")
+
+
+async def test_the_budget_drops_a_standby_before_evicting_an_idle_instance(
+    make_pool: Any,
+) -> None:
+    budget = InstanceBudget(2)
+    executor = InProcessExecutor({})
+    a, _ = make_pool(Counted().function(), name="a", budget=budget, executor=executor, standby=1)
+    b, _ = make_pool(InProcessFunction(invoke=echo), name="b", budget=budget, executor=executor)
+    await executor.until(lambda: _prepared(executor, 1), "a's standby prepared")
+    b_first, _ = await b.run(call)
+    assert budget.total() == 2
+    c_pool, _ = make_pool(InProcessFunction(invoke=echo), name="c", budget=budget,
+                          executor=executor)  # fmt: skip
+    _, body = await c_pool.run(call)
+    assert body == b"ping"
+    standby = executor.started[0]
+    assert standby.id in executor.stopped, "a's standby made room"
+    assert b_first not in executor.stopped, "b's idle instance kept"
+    # No room now: a keeps no standby until some is made.
+    assert a.counts()["standby"] == 0 and budget.total() == 2
+
+
+async def test_a_standby_whose_init_fails_answers_the_request_with_the_reason(
+    make_pool: Any,
+) -> None:
+    async def broken_init(instance: InProcessInstance) -> None:
+        raise RuntimeError("CUDA out of memory")
+
+    pool, executor = make_pool(InProcessFunction(invoke=echo, init=broken_init), standby=1)
+    await executor.until(lambda: _prepared(executor, 1), "the standby prepared")
+    with pytest.raises(UpstreamError, match="CUDA out of memory"):
+        await pool.run(call)
+    assert pool.start_error is not None and "CUDA out of memory" in pool.start_error
