@@ -25,7 +25,10 @@ the other system's dropped one met a cache that was cold for it (trims' first re
 2-3x as long there as in a run without MLServer: its worker read its torch's code back from
 disk, and MLServer, which runs another install of torch, had read only its own):
 ``scale_from_zero`` (trims: a function with no instance, its model in the CPU tier, ``tier:
-cpu``, or evicted to the disk tier, ``tier: disk``), ``load`` (MLServer: the repository API's
+cpu``, or evicted to the disk tier, ``tier: disk``), ``standby`` (trims: a function with no
+instance but a prepared standby, ``scaling.standby: 1``, CPU tier: the request activates it and
+only ``init`` runs; the counterpart of MLServer's load into a server that already runs),
+``load`` (MLServer: the repository API's
 load call into a running server) and ``process_start`` (MLServer started with the model).
 ``first_response_ms`` ends at the first full response; ``warm_ms`` is the next request to the
 same instance and ``overhead_ms`` the median per run of (first - warm).
@@ -233,6 +236,15 @@ class Trims:
         while any(pid_alive(p) for p in pids):
             await asyncio.sleep(0.02)
 
+    async def standby_prepared(self, session: Any, name: str) -> None:
+        """Poll the function until its standby says it is prepared (not timed)."""
+        while True:
+            async with session.get(f"{self.url}/v1/functions/{name}") as r:
+                doc = await r.json()
+            if any(i.get("prepared") for i in doc["status"]["instances"]):
+                return
+            await asyncio.sleep(0.02)
+
     async def instance_start_ms(self, session: Any, name: str) -> float | None:
         from runtime_common import parse_metric
 
@@ -347,11 +359,15 @@ def prepare_cache(cache: str) -> None:
 
 
 async def trims_cold(
-    session: Any, trims: Trims, name: str, width: int, tier: str, cache: str
+    session: Any, trims: Trims, name: str, width: int, tier: str, cache: str, standby: bool
 ) -> tuple[float, float, float | None]:
     """First and warm response of a new function (no instance) on ``full``, and its instance
-    start as the gateway saw it."""
-    url = await trims.deploy(session, trims.spec(name, "full", width, max_instances=1))
+    start as the gateway saw it; with ``standby`` the function keeps one (``scaling.standby:
+    1``), prepared before the cache is dropped and the clock starts."""
+    spec = trims.spec(name, "full", width, max_instances=1, standby=int(standby))
+    url = await trims.deploy(session, spec)
+    if standby:
+        await trims.standby_prepared(session, name)
     if tier == "disk":
         trims.store("evict", "full")
     prepare_cache(cache)
@@ -373,7 +389,7 @@ async def cold(
     session: Any, trims: Trims, root: Path, full: Path, args: argparse.Namespace, caches: list[str]
 ) -> list[dict[str, Any]]:
     firsts: dict[tuple[str, str, str | None, str], list[tuple[float, float]]] = {}
-    starts: dict[tuple[str | None, str], list[float]] = {}
+    starts: dict[tuple[str, str | None, str], list[float]] = {}
     loader = None
     if "mlserver" in args.systems:
         loader = MLServer(root, {"full": (full, False)}, workers=0, at_startup=False)
@@ -387,15 +403,17 @@ async def cold(
             for run in range(args.runs):
                 for tier, peer_case in (("cpu", "load"), ("disk", "process_start")):
                     if "trims" in args.systems:
-                        name = f"full-{tier}-{cache}-{run}"
-                        first, warm, start = await trims_cold(
-                            session, trims, name, args.width, tier, cache
-                        )
-                        key = ("trims", "scale_from_zero", tier, cache)
-                        firsts.setdefault(key, []).append((first, warm))
-                        if start is not None:
-                            starts.setdefault((tier, cache), []).append(start)
-                        log_run("trims", f"cold/{tier}", cache, run, first, warm)
+                        for standby in (False, True) if tier == "cpu" else (False,):
+                            case = "standby" if standby else "scale_from_zero"
+                            name = f"full-{tier}-{cache}-{run}{'-sb' if standby else ''}"
+                            first, warm, start = await trims_cold(
+                                session, trims, name, args.width, tier, cache, standby
+                            )
+                            key = ("trims", case, tier, cache)
+                            firsts.setdefault(key, []).append((first, warm))
+                            if start is not None:
+                                starts.setdefault((case, tier, cache), []).append(start)
+                            log_run("trims", f"{case}/{tier}", cache, run, first, warm)
                     if loader is not None:
                         first, warm = await mlserver_cold(
                             session, loader, root, full, v2_body(args.width), cache, peer_case
@@ -413,11 +431,11 @@ async def cold(
 def cold_row(
     key: tuple[str, str, str | None, str],
     pairs: list[tuple[float, float]],
-    starts: dict[tuple[str | None, str], list[float]],
+    starts: dict[tuple[str, str | None, str], list[float]],
 ) -> dict[str, Any]:
     system, case, tier, cache = key
     s = summary([f for f, _ in pairs])
-    begun = starts.get((tier, cache)) if system == "trims" else None
+    begun = starts.get((case, tier, cache)) if system == "trims" else None
     return {
         "system": system,
         "case": case,
