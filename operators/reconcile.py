@@ -58,8 +58,9 @@ def function_spec(obj: Mapping[str, Any]) -> tuple[FunctionSpec, int]:
         raise ValidationError(f"spec.replicas: must be an integer >= 0, got {replicas!r}")
     if spec.scaling.standby:
         raise ValidationError(
-            "spec.scaling.standby: standby instances are kept by a gateway's local executor; "
-            "the operator runs replicas (raise spec.replicas instead, or set standby to 0)"
+            "spec.scaling.standby: standby instances are kept by a gateway's local or docker "
+            "executor; the operator runs replicas (raise spec.replicas instead, or set standby "
+            "to 0)"
         )
     return spec, replicas
 

@@ -515,9 +515,11 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         return path
 
     def container_spec(
-        self, spec: FunctionSpec, instance_id: str, socket_dir: Path
+        self, spec: FunctionSpec, instance_id: str, socket_dir: Path, *, standby: bool = False
     ) -> dict[str, Any]:
-        """Keyword arguments for ``containers.create`` (pure: no engine call)."""
+        """Keyword arguments for ``containers.create`` (pure: no engine call); ``standby``: the
+        worker prepares and waits for ACTIVATE (Note [standby instances] in
+        :mod:`trims.runtime.gateway.pool`)."""
         import docker.types
 
         mounts = [
@@ -530,6 +532,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
             "--listen", f"unix:{CONTAINER_WORKER_DIR}/{WORKER_SOCKET}",
             "--instance-id", instance_id,
         ]  # fmt: skip
+        if standby:
+            worker_argv.append("--standby")
         environment = {**self.settings.env, **spec.env}
         store = self._store_socket
         if store is not None and store.exists():
@@ -585,11 +589,19 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         }
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        return await self._start(spec, instance_id, standby=False)
+
+    async def start_standby(self, spec: FunctionSpec, instance_id: str) -> Instance:
+        """A container whose worker prepares (models, code) and runs init only when activated
+        (Note [standby instances] in :mod:`trims.runtime.gateway.pool`)."""
+        return await self._start(spec, instance_id, standby=True)
+
+    async def _start(self, spec: FunctionSpec, instance_id: str, *, standby: bool) -> Instance:
         self._check_start(instance_id)
         await self.prepare()
         client = self.client
         socket_dir = self._socket_dir(instance_id)
-        kwargs = self.container_spec(spec, instance_id, socket_dir)
+        kwargs = self.container_spec(spec, instance_id, socket_dir, standby=standby)
         action = f"start instance {instance_id} of {spec.name} (image {kwargs['image']})"
         try:
             container = await _call(action, client.containers.create, **kwargs)

@@ -202,11 +202,15 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["id", "state", "inflight"],
         "properties": {
             "id": {"type": "string"},
-            "state": {"enum": ["starting", "ready", "draining"]},
+            "state": {"enum": ["standby", "starting", "ready", "draining"]},
             "inflight": {"type": "integer"},
             "served": {"type": "integer"},
             "alive": {"type": "boolean"},
             "executor": {"type": ["string", "null"]},
+            "prepared": {
+                "type": "boolean",
+                "description": "a standby only: its preparation finished (scaling.standby)",
+            },
         },
     },
     "Function": {

@@ -149,7 +149,7 @@ class Gateway:
         if spec.scaling.standby and not isinstance(executor, StandbyExecutor):
             raise ValidationError(
                 f"scaling.standby: the {executor_name} executor keeps no standby instances "
-                "(the local executor does); set it to 0 or deploy with executor: local",
+                "(the local and docker executors do); set it to 0 or deploy with one of those",
                 field="scaling.standby",
             )
         check_code(

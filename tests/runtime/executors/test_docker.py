@@ -241,6 +241,34 @@ async def test_init_failure_carries_the_reason(
     await executor.stop(instance, grace_s=5)
 
 
+async def test_a_standby_container_runs_init_only_when_activated(
+    docker_executor: MakeExecutor, make_function: MakeFunction
+) -> None:
+    # Note [standby instances]: the container starts and its worker prepares ahead of need.
+    executor = docker_executor()
+    spec = make_function(
+        """
+        import os
+
+        INITS = []
+
+        def init(ctx):
+            INITS.append(os.getpid())
+
+        def handler(request, ctx):
+            return {"inits": len(INITS)}
+        """,
+        name="standby",
+    )
+    instance = await executor.start_standby(spec, "standby-1")
+    await instance.wait_standby(READY)
+    with pytest.raises(Unavailable, match="not ready"):
+        await instance.invoke(b"", {}, timeout=30, trace={})
+    await instance.activate(READY)
+    assert await _call(instance) == {"inits": 1}
+    await executor.stop(instance, grace_s=5)
+
+
 async def test_missing_image_is_not_found_with_the_fix(
     docker_executor: MakeExecutor, make_function: MakeFunction, docker_client: Any
 ) -> None:

@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import jsonschema
+
 from tests.fixtures.gateway import echo_spec
 from trims.runtime.gateway.pool import Pool
 
@@ -34,6 +36,9 @@ async def test_a_standby_serves_the_first_request_and_is_replaced(start_gateway:
     (standby_id,) = _states(doc)
     assert _states(doc) == {standby_id: "standby"}
     assert doc["status"]["instances"][0]["prepared"] is True
+    status, api = await gw.get_json("/openapi.json")
+    assert status == 200
+    jsonschema.validate(doc["status"]["instances"][0], api["components"]["schemas"]["Instance"])
     async with gw.session.get(f"{gw.url}/metrics") as r:
         assert 'trims_instances{function="warmish",state="standby"} 1.0' in await r.text()
 
@@ -48,9 +53,9 @@ async def test_a_standby_serves_the_first_request_and_is_replaced(start_gateway:
 
 async def test_standby_on_an_executor_without_it_is_refused_at_deploy(start_gateway: Any) -> None:
     gw = await start_gateway()
-    spec = {**echo_spec("boxed", standby=1), "executor": "docker"}
+    spec = {**echo_spec("boxed", standby=1), "executor": "kubernetes"}
     async with gw.session.put(f"{gw.url}/v1/functions/boxed", json=spec, headers=gw.headers()) as r:
         assert r.status == 422
         error = await r.json()
     assert "scaling.standby" in error["error"]["message"]
-    assert "local executor" in error["error"]["message"]
+    assert "local and docker executors" in error["error"]["message"]
