@@ -11,7 +11,13 @@ Modes (one function per run, deployed fresh so it has no instance; its model is 
 * ``store``: a fresh interpreter acquires the model from the daemon (CPU tier, already hot).
 * ``store_zygote``: the default local executor: a worker forked from the zygote (numpy, torch
   and onnxruntime imported) acquires the model from the daemon.
+* ``standby``: as ``store_zygote``, but the function keeps a standby instance
+  (``scaling.standby: 1``), prepared before the clock starts: the request activates it and
+  only ``init`` runs (Note [standby instances] in trims.runtime.gateway.pool).
 * ``warm``: the next request to that running instance.
+* with ``--docker``, ``docker`` and ``docker_standby``: the same in containers of the runtime
+  image (``trims-runtime:latest``, built by ``dockerfiles/build-image.sh``), the daemon's
+  socket mounted.
 
 With ``--handler touch`` (the default) the handler's init maps the weights and its request
 reads the first 4 KiB of one tensor, so a run measures start, acquire and one request, not a
@@ -52,8 +58,18 @@ from runtime_common import (
     write_model,
 )
 
-MODES = ("no_store", "store", "store_zygote", "warm")
-EXECUTOR_OF = {"no_store": "spawn-direct", "store": "spawn-store", "store_zygote": "local"}
+MODES = ("no_store", "store", "store_zygote", "standby", "warm")
+DOCKER_MODES = ("docker", "docker_standby")
+EXECUTOR_OF = {
+    "no_store": "spawn-direct",
+    "store": "spawn-store",
+    "store_zygote": "local",
+    "standby": "local",
+    "docker": "docker",
+    "docker_standby": "docker",
+}
+#: modes whose function keeps a standby instance (prepared, untimed, before the request)
+STANDBY_MODES = ("standby", "docker_standby")
 
 HANDLERS = {
     "touch": """
@@ -109,6 +125,7 @@ async def run_modes(
     runs: int,
     keep_cache: bool,
     handler: str = "touch",
+    cold_modes: tuple[str, ...] = ("no_store", "store", "store_zygote", "standby"),
 ) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], list[float]]]:
     """Times per (mode, size) of the first response, and of its instance's start."""
     import aiohttp
@@ -121,18 +138,23 @@ async def run_modes(
     async with local_gateway(root, store_socket) as url, aiohttp.ClientSession() as session:
         for mb, path in models.items():
             for run in range(runs):
-                for mode in ("no_store", "store", "store_zygote"):
+                for mode in cold_modes:
                     name = f"cs-{mode.replace('_', '-')}-{mb}-{run}"
+                    standby = int(mode in STANDBY_MODES)
                     spec = {
                         "name": name,
                         "handler": "coldfn:handler",
                         "code_dir": str(code),
                         "executor": EXECUTOR_OF[mode],
                         "models": [{"name": f"w{mb}", "alias": "weights", "source": str(path)}],
-                        "scaling": {"max_instances": 1, "request_timeout_s": 300},
-                    }
+                        "scaling": {
+                            "max_instances": 1, "request_timeout_s": 300, "standby": standby,
+                        },
+                    }  # fmt: skip
                     async with session.put(f"{url}/v1/functions/{name}", json=spec) as r:
                         assert r.status == 201, await r.text()
+                    if standby:
+                        await standby_prepared(session, url, name)
                     if mode == "no_store" and not keep_cache:
                         evict_page_cache(path)
                     t0 = time.perf_counter()
@@ -152,13 +174,46 @@ async def run_modes(
                     pid = int(body.split()[1])
                     async with session.delete(f"{url}/v1/functions/{name}") as r:
                         assert r.status == 200
-                    while pid_alive(pid):
-                        await asyncio.sleep(0.02)
+                    if mode in DOCKER_MODES:  # the pid is the container's own namespace's
+                        await containers_gone(name)
+                    else:
+                        while pid_alive(pid):
+                            await asyncio.sleep(0.02)
                     print(
                         f"{mode:>13} {mb:>5} MB run {run}: {elapsed * 1e3:8.1f} ms",
                         file=sys.stderr,
                     )
     return times, starts
+
+
+async def containers_gone(function: str) -> None:
+    """Wait until no container of ``function`` is left (its instances stopped)."""
+    import docker
+
+    from trims.runtime.executors.docker import LABEL_FUNCTION
+
+    client = docker.from_env()
+    try:
+        selector = {"label": f"{LABEL_FUNCTION}={function}"}
+        while await asyncio.to_thread(
+            client.containers.list, all=True, sparse=True, filters=selector
+        ):
+            await asyncio.sleep(0.05)
+    finally:
+        client.close()
+
+
+async def standby_prepared(session: Any, url: str, name: str, limit_s: float = 300.0) -> None:
+    """Poll ``name`` until its standby says it is prepared (not timed)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        async with session.get(f"{url}/v1/functions/{name}") as r:
+            doc = await r.json()
+        if any(i.get("prepared") for i in doc["status"]["instances"]):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the standby of {name} was not prepared in {limit_s:g} s: {doc}")
+        await asyncio.sleep(0.02)
 
 
 def plot(results: list[dict[str, Any]], sizes: list[int], path: Path) -> None:
@@ -224,6 +279,11 @@ def main() -> int:
     )
     parser.add_argument("--plot", type=Path, help="also draw the medians (PNG or SVG) here")
     parser.add_argument(
+        "--docker",
+        action="store_true",
+        help="also the docker and docker_standby modes (needs dockerd and trims-runtime:latest)",
+    )
+    parser.add_argument(
         "--cpu-backing",
         choices=("auto", "memfd", "file"),
         default="auto",
@@ -252,9 +312,11 @@ def main() -> int:
                     client.add(f"w{mb}", path)
                     client.load(f"w{mb}", tier="cpu")
                     models[mb] = path
+            cold = tuple(m for m in MODES if m != "warm") + (DOCKER_MODES if args.docker else ())
             times, starts = uvloop.run(
-                run_modes(root, store_socket, models, args.runs, args.keep_page_cache, args.handler)
-            )
+                run_modes(root, store_socket, models, args.runs, args.keep_page_cache,
+                          args.handler, cold)
+            )  # fmt: skip
         finally:
             daemon.stop()
     results = [
@@ -265,7 +327,7 @@ def main() -> int:
             **split(times, starts, mode, mb),
         }
         for mb in sizes
-        for mode in MODES
+        for mode in MODES + (DOCKER_MODES if args.docker else ())
     ]
     by = {(r["mode"], r["model_mb"]): r["median_s"] for r in results}
     speedups = {str(mb): by[("no_store", mb)] / by[("store_zygote", mb)] for mb in sizes}

@@ -87,11 +87,13 @@ def machine() -> str:
 
 
 #: Executors the benchmarks' in-process gateway offers (spec "executor" field -> options).
-EXECUTORS = {
+EXECUTORS: dict[str, dict[str, Any]] = {
     "local": {"zygote": True, "store": True},
     "spawn-store": {"zygote": False, "store": True},
     "spawn-direct": {"zygote": False, "store": False},
     "zygote-direct": {"zygote": True, "store": False},
+    # containers from the runtime image (dockerfiles/build-image.sh), the daemon's socket mounted
+    "docker": {"store": True, "image": "trims-runtime:latest"},
 }
 
 
@@ -111,6 +113,11 @@ async def local_gateway(root: Path, store_socket: Path) -> AsyncIterator[str]:
     def make(name: str) -> object:
         opts = EXECUTORS[name]
         socket_path = store_socket if opts["store"] else root / "no-store.sock"
+        if "image" in opts:
+            return create_executor(
+                "docker", image=opts["image"], store_socket=socket_path,
+                state_dir=root / "instances" / name,
+            )  # fmt: skip
         return create_executor(
             "local", zygote=opts["zygote"], store_socket=socket_path,
             state_dir=root / "instances" / name,

@@ -44,7 +44,7 @@ def test_acquire(tmp_path: Path) -> None:
 def test_coldstart(tmp_path: Path) -> None:
     doc = _run("coldstart.py", tmp_path / "c.json", "--model-mb", "2", "--runs", "1")
     modes = {r["mode"] for r in doc["results"]}
-    assert modes == {"no_store", "store", "store_zygote", "warm"}
+    assert modes == {"no_store", "store", "store_zygote", "standby", "warm"}
     for r in doc["results"]:
         assert {"mode", "model_mb", "median_s", "min_s", "max_s"} <= set(r)
 
