@@ -60,7 +60,7 @@ tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 STATES = ("standby", "starting", "ready", "draining")
-#: Failed standby preparations in a row after which refills wait for the reaper's next tick.
+#: Failed standby preparations in a row after which none is prepared until an instance starts.
 _STANDBY_FAILURES = 3
 
 
@@ -422,11 +422,15 @@ class Pool:
         started = time.monotonic()
         try:
             slot.instance = await start_standby(self.spec, slot.id)
-            await slot.instance.wait_standby(self._start_timeout_s)
+            if slot.state == "standby":  # else dropped (drop_standby) while it started
+                await slot.instance.wait_standby(self._start_timeout_s)
         except asyncio.CancelledError:
             await self._stop_slot(slot)
             raise
         except Exception as e:
+            if slot.state != "standby":  # dropped meanwhile: its stop ended the preparation
+                await self._stop_slot(slot)
+                return
             self._standby_failures += 1
             reason = e.message if isinstance(e, TrimsError) else f"{type(e).__name__}: {e}"
             log.warning("function %s: standby %s failed to prepare (%d in a row): %s%s",
@@ -435,6 +439,9 @@ class Pool:
                         if self._standby_failures >= _STANDBY_FAILURES else "")  # fmt: skip
             slot.state = "draining"
             await self._stop_slot(slot)
+            return
+        if slot.state != "standby":
+            await self._stop_slot(slot)  # dropped while it started: stop what it started
             return
         self._standby_failures = 0
         slot.prepared = True

@@ -504,3 +504,26 @@ async def test_a_standby_whose_init_fails_answers_the_request_with_the_reason(
     with pytest.raises(UpstreamError, match="CUDA out of memory"):
         await pool.run(call)
     assert pool.start_error is not None and "CUDA out of memory" in pool.start_error
+
+
+async def test_a_standby_dropped_while_it_prepares_is_stopped_and_not_a_failure(
+    make_pool: Any,
+) -> None:
+    budget = InstanceBudget(1)
+    executor = InProcessExecutor({})
+    release = asyncio.Event()
+
+    async def slow_prepare(instance: InProcessInstance) -> None:
+        await release.wait()
+
+    slow = InProcessFunction(invoke=echo, prepare=slow_prepare)
+    a, _ = make_pool(slow, name="a", budget=budget, executor=executor, standby=1)
+    await executor.until(lambda: executor.started and executor.started[0].inflight == 1,
+                         "a's standby preparing")  # fmt: skip
+    b, _ = make_pool(InProcessFunction(invoke=echo), name="b", budget=budget, executor=executor)
+    _, body = await b.run(call)
+    assert body == b"ping"
+    standby = executor.started[0]
+    await executor.until(lambda: standby.id in executor.stopped, "the preparing standby stopped")
+    assert a.slots == [] and a._standby_failures == 0
+    assert [i.id for i in executor.live()] == [executor.started[1].id]
