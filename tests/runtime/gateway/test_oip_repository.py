@@ -140,3 +140,17 @@ async def test_tritonclient_drives_the_repository(start_gateway):
     gw = await start_gateway(tokens=(ADMIN,))
     await gw.deploy(doubler_spec())
     await asyncio.to_thread(_triton_repository, gw.url, gw.headers())
+
+
+async def test_an_unloaded_model_keeps_no_standby_and_load_gives_it_back(start_gateway):
+    gw = await start_gateway()
+    await gw.deploy(doubler_spec() | {"scaling": {"standby": 1}})
+    status, doc = await _call(gw, "POST", "/v2/repository/models/doubler/unload")
+    assert status == 200, doc
+    _, fn = await gw.get_json("/v1/functions/doubler")
+    assert fn["spec"]["scaling"]["standby"] == 0
+    assert fn["status"]["instances"] == [], "the unloaded deployment keeps no standby"
+    status, doc = await _call(gw, "POST", "/v2/repository/models/doubler/load")
+    assert status == 200, doc
+    _, fn = await gw.get_json("/v1/functions/doubler")
+    assert fn["spec"]["scaling"]["standby"] == 1
