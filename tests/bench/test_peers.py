@@ -45,7 +45,9 @@ def _check_shape(doc: dict[str, Any], systems: set[str]) -> None:
         assert set(r) >= COLD_KEYS
         assert r["min_ms"] <= r["first_response_ms"] <= r["max_ms"] and r["runs"] == 1
     trims_cases = {(r["case"], r["tier"]) for r in cold if r["system"] == "trims"}
-    assert trims_cases == {("scale_from_zero", "cpu"), ("scale_from_zero", "disk")}
+    assert trims_cases == {
+        ("scale_from_zero", "cpu"), ("standby", "cpu"), ("scale_from_zero", "disk")
+    }  # fmt: skip
     if "mlserver" in systems:
         assert {r["case"] for r in cold if r["system"] == "mlserver"} == {"load", "process_start"}
     assert {r["system"] for r in doc["memory"]} == systems
@@ -65,6 +67,7 @@ def test_trims_side_writes_the_issue_shape_and_tables(tmp_path: Path) -> None:
     assert md == render_markdown(doc)
     assert "(quick: a check, not a measurement)" in md
     assert "| trims | scale_from_zero (disk tier) | warm |" in md
+    assert "| trims | standby (cpu tier) | warm |" in md
     assert "| trims | closed | c=16 |" in md and "| trims | open |" in md
 
 
