@@ -19,6 +19,11 @@ class ModelBase:
     def close(self) -> None:
         raise NotImplementedError
 
+    def populate(self) -> str | None:
+        """Fill this process's page tables for the weights now (a standby's prepare); how, or
+        None where there is nothing mapped to fill (the default: weights this process read)."""
+        return None
+
     def torch_module(self, build: Callable[[], Any] | Any, *, strict: bool = True) -> Any:
         from trims.runtime.adapters import torch as torch_adapter
 

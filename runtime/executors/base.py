@@ -204,10 +204,10 @@ class WorkerInstance(Instance):
         return self._died(reason)
 
     async def wait_ready(self, timeout: float) -> None:
-        await self._wait_hello(time.monotonic() + timeout, timeout, None)
+        await self._wait_hello(timeout, expect="ready")
 
     async def wait_standby(self, timeout: float) -> None:
-        await self._wait_hello(time.monotonic() + timeout, timeout, None, standby=True)
+        await self._wait_hello(timeout, expect="standby")
 
     async def activate(self, timeout: float) -> None:
         if self._conn is None:
@@ -217,7 +217,7 @@ class WorkerInstance(Instance):
             self._conn.activate(inject_context())
         except ConnectionLost:
             raise await self._death() from None
-        await self._wait_hello(time.monotonic() + timeout, timeout, "standby")
+        await self._wait_hello(timeout, expect="ready", past="standby")
 
     async def _connect(self, deadline: float, timeout: float) -> WorkerConnection:
         retry_s, most_s = self.CONNECT_RETRY_S
@@ -242,11 +242,10 @@ class WorkerInstance(Instance):
                 retry_s = min(retry_s * 2, most_s)
         return self._conn
 
-    async def _wait_hello(
-        self, deadline: float, timeout: float, past: str | None, *, standby: bool = False
-    ) -> None:
-        """Connect, then wait for a HELLO whose state is not ``past``: "ready" (or, with
-        ``standby``, "standby"); anything else raises with the worker's reason."""
+    async def _wait_hello(self, timeout: float, *, expect: str, past: str | None = None) -> None:
+        """Connect, then wait for a HELLO whose state is not ``past``; one that is not
+        ``expect`` ("ready" or "standby") raises with the worker's reason."""
+        deadline = time.monotonic() + timeout
         conn = await self._connect(deadline, timeout)
         try:
             hello = await asyncio.wait_for(
@@ -259,13 +258,13 @@ class WorkerInstance(Instance):
         except ConnectionLost:
             raise await self._death() from None
         state = hello.get("state")
-        if state != ("standby" if standby else "ready"):
+        if state != expect:
             reason = str(hello.get("reason", f"it said {state!r}"))
             self.exit_reason = f"init failed: {reason}"
             await close_quietly(self._conn)
             raise UpstreamError(f"instance {self.id} of {self.function} failed to start: {reason}")
         self.pid = hello.get("pid", self.pid)
-        if standby:
+        if expect == "standby":
             return
         acquire_s = hello.get("model_acquire_s")
         self.model_acquire_s = float(acquire_s) if isinstance(acquire_s, int | float) else None

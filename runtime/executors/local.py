@@ -328,7 +328,7 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
             return None
 
     def _worker_argv(
-        self, spec: FunctionSpec, instance_id: str, socket_path: Path, parent: int
+        self, spec: FunctionSpec, instance_id: str, socket_path: Path, parent: int, standby: bool
     ) -> list[str]:
         argv = [
             "--spec-json", json.dumps(spec.to_dict()), "--listen", f"unix:{socket_path}",
@@ -338,6 +338,8 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
             argv += ["--store-socket", str(self.settings.store_socket)]
         if self.run_as is not None:
             argv += ["--run-as", self.run_as]
+        if standby:
+            argv.append("--standby")
         return argv
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
@@ -373,12 +375,11 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         process: _Process
         python = self.settings.python_for(spec.environment)
         zygote = await self._zygote_or_none(spec.environment)
-        extra = ["--standby"] if standby else []
         if zygote is not None:
-            argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid) + extra
+            argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid, standby)
             process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
         else:
-            argv = self._worker_argv(spec, instance_id, socket_path, os.getpid()) + extra
+            argv = self._worker_argv(spec, instance_id, socket_path, os.getpid(), standby)
             with log_path.open("ab") as logf:
                 spawned = await asyncio.create_subprocess_exec(
                     python, "-m", "trims", "worker", *argv,

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
-from trims.runtime.executors.base import Executor, Instance
+from trims.runtime.executors.base import Executor, Instance, StandbyExecutor
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.gateway.budget import InstanceBudget
 from trims.runtime.gateway.metrics import GatewayMetrics
@@ -132,7 +132,9 @@ class Pool:
         self._exec_ewma_s = 0.05
         self._start_failures = 0
         self._standby_failures = 0
-        self._start_standby = getattr(executor, "start_standby", None)
+        self._start_standby = (
+            executor.start_standby if isinstance(executor, StandbyExecutor) else None
+        )
         #: Why the last instance start failed; None once one starts (the model's readiness).
         self.start_error: str | None = None
         self._reaper: asyncio.Task[None] | None = None

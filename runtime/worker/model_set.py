@@ -43,7 +43,7 @@ class ModelSet:
         [standby instances] in trims.runtime.gateway.pool), so its first request reads at
         warm speed; a model loaded from its source has nothing to populate."""
         for key, model in self.models.items():
-            how = model.populate() if hasattr(model, "populate") else None
+            how = model.populate()
             log.debug("model %s: mapping populated for the standby (%s)", key, how or "nothing")
 
 

@@ -158,15 +158,11 @@ class WorkerServer:
         collector's full passes first (Note [gc tail] in trims.runtime.gateway.server).
         """
         gc.freeze()
-        self._state = {**self._hello, **info, "state": "ready"}
-        for conn in list(self._connections):
-            conn.send(0, Kind.HELLO, self._state, b"")
+        self._say({**self._hello, **info, "state": "ready"})
 
     def set_standby(self) -> None:
         """Tell every client this standby is prepared; it runs init on the first ACTIVATE."""
-        self._state = {**self._hello, "state": "standby"}
-        for conn in list(self._connections):
-            conn.send(0, Kind.HELLO, self._state, b"")
+        self._say({**self._hello, "state": "standby"})
 
     def activate(self, trace: dict[str, str]) -> None:
         """A client's ACTIVATE: honoured once, and only while a standby (else ignored)."""
@@ -176,11 +172,15 @@ class WorkerServer:
             self.activated.set()
 
     def set_failed(self, reason: str) -> None:
-        self._state = {**self._hello, "state": "failed", "reason": reason}
-        for conn in list(self._connections):
-            conn.send(0, Kind.HELLO, self._state, b"")
+        self._say({**self._hello, "state": "failed", "reason": reason})
         if self._connections:
             self.failure_delivered.set()
+
+    def _say(self, state: dict[str, Any]) -> None:
+        """Make ``state`` this worker's HELLO, to every connection now and every later one."""
+        self._state = state
+        for conn in list(self._connections):
+            conn.send(0, Kind.HELLO, state, b"")
 
     def _connected(self, conn: _Connection) -> None:
         self._connections.add(conn)
