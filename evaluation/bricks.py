@@ -16,11 +16,12 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trims.evaluation import ort_backend, submodel
 from trims.evaluation.measure import Z95, Measurement
+from trims.evaluation.rounds import Rounds, budgets
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
     from trims.evaluation.generator import Bencher, Benchmark
     from trims.evaluation.ir import ModelIR
-    from trims.evaluation.measure import Sampler
     from trims.evaluation.ort_backend import LayoutEnds
 
 
@@ -283,24 +283,9 @@ class BrickStudy:
         return whole / self.unique_bricks_ms if self.unique_bricks_ms > 0 else math.inf
 
 
-def budgets(counts: Mapping[str, int], estimate_ms: float, target_rel: float) -> dict[str, float]:
-    """Per independent term of an estimate, the standard error (ms) its measurement may keep.
-
-    An estimate ``E = sum_k c_k t_k`` over ``u`` independently measured terms ``k`` (a unique
-    brick with ``c_k`` occurrences; the empty model with ``c = n - 1``; a conversion with as
-    many as the boundaries that pay it; signs do not matter) has ``SE(E)^2 = sum_k c_k^2 s_k^2``.
-    Asking ``c_k s_k <= target_rel * E / sqrt(u)`` of every term gives ``SE(E) <= target_rel *
-    E``: the precision a whole-model measurement is asked for. A term with share ``p_k = c_k
-    t_k / E`` needs ``s_k / t_k <= target_rel / (p_k sqrt(u))``: the smaller its share, the
-    looser its precision and the sooner it stops.
-    """
-    share = target_rel * max(estimate_ms, 0.0) / math.sqrt(max(len(counts), 1))
-    return {key: share / c for key, c in counts.items() if c > 0}
-
-
 def terms(bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]) -> Counter[str]:
     """What a model's estimate is made of: unique bricks, conversions and the empty model,
-    each with how many times it counts (:func:`budgets`)."""
+    each with how many times it counts (:func:`~trims.evaluation.rounds.budgets`)."""
     counts = Counter(b.signature for b in bricks)
     counts.update(reorder_key(shape) for shape in boundary_conversions(bricks, layouts))
     if len(bricks) > 1:
@@ -337,114 +322,6 @@ def estimate(
     )
 
 
-@dataclass
-class _Term:
-    """One benchmark of the study: a whole model, a brick, a conversion or the empty model."""
-
-    bench: Benchmark
-    result: Measurement | None = None
-    sampler: Sampler | None = None
-    #: the tightest standard error (ms) any model has asked of it so far
-    asked: float = math.inf
-
-    def current(self) -> Measurement:
-        if self.sampler is not None:
-            return self.sampler.measurement()
-        assert self.result is not None, "a term is measured or open"
-        return self.result
-
-
-#: each round gives every benchmark still short of its precision at most about this much run
-#: time (a 200 ms model: one run per round), so rounds stay short and interleaved
-_ROUND_S = 0.02
-
-
-def _runs_wanted(m: Measurement, goal_ms: float) -> int:
-    """Runs a benchmark short of its goal takes this round: the runs its standard error says
-    are still missing (it falls as 1/sqrt(n)), at most a round's time slice, at least one."""
-    missing = m.reps * ((m.std_error_ms / max(goal_ms, 1e-12)) ** 2 - 1.0)
-    per_round = _ROUND_S / max(m.trimmed_mean_ms / 1e3, 1e-6)
-    return max(1, math.ceil(min(missing, per_round)))
-
-
-class _Study:
-    """The study's state across models and granularities (see :func:`study`)."""
-
-    def __init__(self, bencher: Bencher, target_rel: float) -> None:
-        self.bencher = bencher
-        self.target_rel = target_rel
-        self.terms: dict[str, _Term] = {}
-        self.layouts: dict[str, LayoutEnds | None] = {}
-        self.imprecise: set[str] = set()
-
-    def open(self, key: str, bench: Benchmark, with_layout: bool = False) -> None:
-        """Make ``key`` a term: from the database, or opened and piloted (``min_reps`` runs)."""
-        if key in self.terms:
-            return
-        term = _Term(bench, result=self.bencher.cached(bench))
-        if with_layout and self.bencher.framework == "onnxruntime":
-            sampler, layout = self.bencher.open_profiled(bench)
-            self.layouts[key] = layout
-            if term.result is None:
-                term.sampler = sampler
-            else:  # measured before; the session only told the layout: its cost counts
-                term.result = replace(
-                    term.result, elapsed_s=term.result.elapsed_s + sampler.elapsed_s
-                )
-        elif term.result is None:
-            term.sampler = self.bencher.open(bench)
-        if term.sampler is not None:
-            term.sampler.run_more(self.bencher.settings.min_reps)
-        self.terms[key] = term
-
-    def rounds(self, goals: Callable[[], dict[str, float]]) -> None:
-        """Measure in rounds, every term short of its goal a slice per round, until none is.
-
-        ``goals`` gives, from the measurements so far, the standard error (ms) asked of each
-        term. Rounds interleave the whole model with its bricks, so a drift in the machine's
-        background load moves both sides alike. A closed term asked for more than it was
-        measured to is opened again (both costs counted); a term whose run or time budget is
-        spent stops where it is and the result is marked imprecise.
-        """
-        while True:
-            due: list[tuple[_Term, float]] = []
-            for key, goal in goals().items():
-                term = self.terms[key]
-                if term.current().std_error_ms <= goal:
-                    continue
-                if term.sampler is None:
-                    if goal >= term.asked or self.bencher.framework == "mxnet":
-                        self.imprecise.add(key)
-                        continue
-                    assert term.result is not None
-                    term.sampler = self.bencher.open(term.bench)
-                    term.sampler.setup_s += term.result.elapsed_s
-                    term.sampler.run_more(self.bencher.settings.min_reps)
-                term.asked = min(term.asked, goal)
-                if term.sampler.capped:
-                    self.imprecise.add(key)
-                    continue
-                due.append((term, goal))
-            if not due:
-                return
-            for term, goal in due:
-                assert term.sampler is not None
-                term.sampler.run_more(_runs_wanted(term.sampler.measurement(), goal))
-
-    def close(self) -> None:
-        """Store every open term's result and free its session."""
-        for term in self.terms.values():
-            if term.sampler is not None:
-                term.result = term.sampler.measurement()
-                self.bencher.store(term.bench, term.result)
-                term.sampler = None
-
-    def result(self, key: str) -> Measurement:
-        result = self.terms[key].result
-        assert result is not None, "close() stores every term"
-        return result
-
-
 def study(
     irs: list[ModelIR],
     bencher: Bencher,
@@ -463,59 +340,72 @@ def study(
 
     Per model: the whole model, its new bricks (every granularity; each profiled on its first,
     warm-up run to learn its layout conversions) and the new conversions are opened and
-    piloted (``min_reps`` runs), then measured in interleaved rounds (:meth:`_Study.rounds`).
+    piloted (``min_reps`` runs), then measured in interleaved rounds
+    (:meth:`~trims.evaluation.rounds.Rounds.run`).
     Bricks equal across granularities and models are one benchmark and one database row; each
     granularity's benchmarking time counts every brick, conversion and empty-model benchmark it
     needs, from export to the last timed run.
     """
     from trims.evaluation import generator
 
-    state = _Study(bencher, target_rel)
+    state = Rounds()
+    layouts: dict[str, LayoutEnds | None] = {}
+
+    def open_brick(key: str, bench: Benchmark) -> None:
+        """A brick's term, its first (warm-up) run profiled for its layout conversions."""
+        if key in state.terms:
+            return
+        if bencher.framework != "onnxruntime":
+            state.open(key, bench, bencher)
+            return
+        sampler, layouts[key] = bencher.open_profiled(bench)
+        state.open(key, bench, bencher, sampler)
+
     empty = generator.Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
-    state.open(EMPTY, empty)
+    state.open(EMPTY, empty, bencher)
     per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
     whole_precise: dict[str, bool] = {}
     for ir in progress(irs, "models"):
         # loading the weights into memory is preparation both sides share, like loading the model
         weights = submodel.weights(ir) if bencher.framework == "onnxruntime" else None
         whole_key = f"model:{ir.name}"
-        state.open(whole_key, generator.model_benchmark(ir, weights))
+        state.open(whole_key, generator.model_benchmark(ir, weights), bencher)
         for g in granularities:
             for brick in per_g[g][ir.name]:
-                state.open(brick.signature, _benchmark(ir, brick, weights), with_layout=True)
+                open_brick(brick.signature, _benchmark(ir, brick, weights))
         for g in granularities:
-            for shape in boundary_conversions(per_g[g][ir.name], state.layouts):
-                state.open(reorder_key(shape), _reorder_benchmark(shape))
+            for shape in boundary_conversions(per_g[g][ir.name], layouts):
+                state.open(reorder_key(shape), _reorder_benchmark(shape), bencher)
 
         def goals(ir: ModelIR = ir, whole_key: str = whole_key) -> dict[str, float]:
             current = {key: term.current() for key, term in state.terms.items()}
             asked = {whole_key: target_rel * current[whole_key].trimmed_mean_ms}
             for g in granularities:
                 bricks = per_g[g][ir.name]
-                counts = terms(bricks, state.layouts)
-                value = estimate(ir.name, bricks, state.layouts, current, current[whole_key])
+                counts = terms(bricks, layouts)
+                value = estimate(ir.name, bricks, layouts, current, current[whole_key])
                 for key, se in budgets(counts, value.estimated_ms, target_rel).items():
                     asked[key] = min(se, asked.get(key, math.inf))
             return asked
 
-        state.rounds(goals)
+        state.run(goals)
         state.close()
         whole_precise[ir.name] = whole_key not in state.imprecise
     out: list[BrickStudy] = []
-    results = {key: state.result(key) for key in state.terms}
+    results = state.results()
     for g in granularities:
         per_model = per_g[g]
         models = []
         needed: Counter[str] = Counter()
         for ir in irs:
-            counts = terms(per_model[ir.name], state.layouts)
+            counts = terms(per_model[ir.name], layouts)
             needed.update(counts)
             precise = whole_precise[ir.name] and not (set(counts) & state.imprecise)
             models.append(
                 estimate(
                     ir.name,
                     per_model[ir.name],
-                    state.layouts,
+                    layouts,
                     results,
                     results[f"model:{ir.name}"],
                     precise,

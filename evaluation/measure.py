@@ -19,7 +19,7 @@ waiting for a core. Use ``clock="wall"`` for multi-threaded variants (see :mod:`
 A second stopping rule, :class:`Precision`, asks for an absolute or relative bound on the
 standard error of the estimate (see :func:`std_error`) of one benchmark run on its own. The
 bricks study applies the same bound across benchmarks: it gives each the standard error its use
-needs (:func:`trims.evaluation.bricks.budgets`) and measures them in rounds, each a
+needs (:func:`trims.evaluation.rounds.budgets`) and measures them in rounds, each a
 :class:`Sampler` kept open between rounds (:meth:`Sampler.run_more`), so a brick takes a few
 pilot runs, waits until its model's other bricks have theirs, then continues to its budget.
 """
@@ -160,13 +160,32 @@ class Sampler:
 
     ``elapsed_s`` counts ``setup_s`` (what it cost to get ``fn``: export, session creation)
     plus the warm-up and every timed run, on the measurement clock, and nothing done between
-    rounds.
+    rounds; the runs that re-warm it between rounds are ``rewarm_s``, apart.
+
+    Note [re-warm between rounds]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Rounds interleave benchmarks (the bricks study), so the first run of a round follows
+    another benchmark's runs: its weights, buffers and code are no longer in the caches, and a
+    20 ms model timed one run per round was timed cold every time, while a 50 us brick timed
+    many runs per round was timed mostly warm: the whole model came out slower than its parts
+    by an amount that changed with how the runs fell into rounds (SqueezeNet -9.5% before,
+    -3.6% after, in back-to-back runs of the zoo study). So a round starts with one untimed
+    run when another sampler ran since: every timed run follows a run of its own benchmark, as
+    it would measured alone. Those runs are the price of interleaving, which a benchmark
+    measured on its own does not pay, so they count on neither side of a benchmarking-time
+    comparison.
     """
+
+    #: the sampler whose runs this process timed last (:meth:`run_more` re-warms after another)
+    _last: Sampler | None = None
 
     def __init__(self, fn: Callable[[], object], settings: MeasureSettings, setup_s: float = 0.0):
         self.settings = settings
         self._runs = timing.Runs(fn, clock_name=settings.clock, warmup=settings.warmup)
         self.setup_s = setup_s
+        #: clock seconds of the untimed runs that re-warmed it between rounds (not in elapsed)
+        self.rewarm_s = 0.0
+        Sampler._last = self
 
     @property
     def samples(self) -> list[float]:
@@ -183,7 +202,19 @@ class Sampler:
         return len(self.samples) >= s.max_reps or self.elapsed_s >= s.max_time_s
 
     def run_more(self, runs: int) -> None:
-        """Time ``runs`` more runs (fewer if the run or time budget runs out first)."""
+        """Time ``runs`` more runs (fewer if the run or time budget runs out first).
+
+        When another sampler ran since this one's last run, one untimed run comes first (Note
+        [re-warm between rounds]).
+        """
+        if self.capped:
+            return
+        if Sampler._last is not self:
+            clock = self.settings.timer()
+            start = clock()
+            self._runs.fn()
+            self.rewarm_s += clock() - start
+            Sampler._last = self
         target = len(self.samples) + runs
         self._runs.run_until(lambda samples, _spent: len(samples) >= target or self.capped)
 

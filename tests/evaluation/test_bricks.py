@@ -199,16 +199,6 @@ def test_verdict_says_straddles_when_the_interval_crosses_the_line() -> None:
     assert make(10.0, 0.01).error_ci_pct[0] < 0 < make(10.0, 0.01).error_ci_pct[1]
 
 
-def test_budgets_split_the_precision_among_independent_terms() -> None:
-    counts = {"a": 2, "b": 1, "empty": 4}
-    got = bricks.budgets(counts, 10.0, 0.01)
-    # c_k * s_k equal for every term, and sum of (c_k s_k)^2 = (0.01 * 10)^2
-    assert {k: got[k] * counts[k] for k in counts} == pytest.approx(
-        dict.fromkeys(counts, 0.1 / math.sqrt(3))
-    )
-    assert sum((got[k] * counts[k]) ** 2 for k in counts) == pytest.approx(0.01)
-
-
 def test_profiled_runner_sees_the_conversions_at_a_bricks_ends() -> None:
     m = _ir(graphs.residual(blocks=3, channels=32), "res")
     weights = submodel.weights(m)

@@ -139,3 +139,36 @@ def test_sampler_runs_more_in_rounds_until_its_budget_is_spent() -> None:
     assert len(sampler.samples) == 10 and sampler.capped and len(calls) == 11
     sampler.run_more(4)
     assert len(sampler.samples) == 10
+
+
+def test_a_round_after_another_samplers_runs_starts_with_an_untimed_run() -> None:
+    calls = {"a": 0, "b": 0}
+    settings = MeasureSettings(warmup=1, min_reps=1, max_reps=100, max_time_s=math.inf)
+
+    def bump(key: str) -> None:
+        calls[key] += 1
+
+    a = Sampler(lambda: bump("a"), settings)
+    b = Sampler(lambda: bump("b"), settings)
+    b.run_more(2)  # b was made last: no re-warm
+    assert calls["b"] == 1 + 2 and b.rewarm_s == 0.0
+    a.run_more(2)  # b ran since a was made: one untimed run first
+    assert calls["a"] == 1 + 1 + 2 and len(a.samples) == 2
+    a.run_more(2)  # a ran last: straight on
+    assert calls["a"] == 1 + 1 + 4 and len(a.samples) == 4
+    b.run_more(1)
+    assert calls["b"] == 1 + 2 + 1 + 1 and len(b.samples) == 3
+    # the re-warm runs are kept apart from the benchmark's own cost
+    assert a.rewarm_s > 0.0
+    assert math.isclose(a.elapsed_s, a.setup_s + a._runs.spent_s)
+
+
+def test_a_capped_sampler_is_not_rewarmed() -> None:
+    calls: list[int] = []
+    settings = MeasureSettings(warmup=0, min_reps=1, max_reps=2, max_time_s=math.inf)
+    a = Sampler(lambda: calls.append(1), settings)
+    a.run_more(5)
+    assert len(calls) == 2 and a.capped
+    Sampler(lambda: None, settings).run_more(1)
+    a.run_more(1)
+    assert len(calls) == 2
