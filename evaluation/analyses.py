@@ -82,10 +82,11 @@ def make_settings(
 ) -> AnalyzeSettings:
     """Settings from the forms people write: comma-separated text or lists, and defaults.
 
-    ``min_reps`` defaults to 7 (3 for bricks, which then follow ``precision``); ``max_time``
-    (seconds per benchmark) to 0.5 (bricks: 60, a guard: their precision decides); bricks'
-    ``precision`` to 0.02 (each model's time to +-2% at 95% confidence). ``quick`` trades
-    accuracy for time: bricks to +-5% with at most 2 s per benchmark. Each ONNX Runtime
+    ``min_reps`` defaults to 7 (3 for bricks and lowerbound, which then follow ``precision``);
+    ``max_time`` (seconds per benchmark) to 0.5 (bricks and lowerbound: 60, a guard: their
+    precision decides; MXNet's, measured in batches, stop when stable); ``precision`` to 0.02
+    (each model's time, measured and estimated or bounded, to +-2% at 95% confidence).
+    ``quick`` trades accuracy for time: +-5% with at most 2 s per benchmark. Each ONNX Runtime
     variant gets the thread count.
     """
     from trims.errors import ValidationError
@@ -128,7 +129,7 @@ def make_settings(
         db=db if db is not None else results_db(os.environ),
         force=force,
         max_time_s=max_time if max_time is not None else _default_max_time(analysis, quick),
-        min_reps=min_reps or (3 if analysis == "bricks" else 7),
+        min_reps=min_reps or (3 if analysis in PRECISION_RULED else 7),
         precision=precision if precision is not None else (0.05 if quick else 0.02),
         quick=quick,
         progress=progress,
@@ -137,9 +138,15 @@ def make_settings(
     )
 
 
+#: the analyses whose benchmarks run until each model's result has the precision asked
+PRECISION_RULED = ("bricks", "lowerbound")
+#: their run cap per benchmark: high enough that only the time budget stops a benchmark
+_MAX_REPS = 1_000_000
+
+
 def _default_max_time(analysis: str, quick: bool) -> float:
-    """Seconds per benchmark: a guard for bricks (their precision decides), the budget else."""
-    if analysis != "bricks":
+    """Seconds per benchmark: a guard where the precision decides, the budget else."""
+    if analysis not in PRECISION_RULED:
         return 0.5
     return 2.0 if quick else 60.0
 
@@ -199,8 +206,12 @@ def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -
 
     # one intra-op thread computes on the calling thread, whose CPU time ignores preemption;
     # with more threads only the wall clock sees all the work
+    precision_ruled = settings.analysis in PRECISION_RULED and framework != "mxnet"
     measure = MeasureSettings(
         min_reps=settings.min_reps,
+        # where the precision decides, the time budget alone guards: a 3 us empty model that
+        # is subtracted 200 times may need thousands of runs, and they cost milliseconds
+        max_reps=_MAX_REPS if precision_ruled else MeasureSettings.max_reps,
         max_time_s=settings.max_time_s,
         clock="thread" if settings.threads == 1 else "wall",
     )
@@ -262,7 +273,7 @@ def layers(settings: AnalyzeSettings) -> Report:
 
 
 def lowerbound(settings: AnalyzeSettings) -> Report:
-    from trims.evaluation import analyzer, plots
+    from trims.evaluation import analyzer, generator, plots
     from trims.evaluation.db import ResultsDB
 
     irs = _load(settings)
@@ -277,28 +288,42 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                 else (f"threads={settings.threads}",)
             )
             benchers = [_bencher(settings, db, framework, v) for v in variants]
-            best = analyzer.layer_times(
-                irs,
-                benchers,
-                lambda items, fw=framework: progress(
-                    list(items), f"{fw} layers", settings.progress
-                ),
-            )
             measured = benchers[0]
+            if framework == "mxnet":  # batches in its own process: the stability rule
+                times = analyzer.layer_times(
+                    irs,
+                    benchers,
+                    lambda items, fw=framework: progress(
+                        list(items), f"{fw} layers", settings.progress
+                    ),
+                )
+                wholes = {
+                    ir.name: measured.run(generator.model_benchmark(ir)).measurement for ir in irs
+                }
+            else:
+                times, wholes = analyzer.precise_times(
+                    irs,
+                    benchers,
+                    settings.precision / Z95,
+                    lambda items, desc, fw=framework: progress(
+                        items, f"{fw} {desc}", settings.progress
+                    ),
+                )
             chains: dict[str, float] = {}
             if framework == "onnxruntime":
-                fusions = analyzer.fusion(irs, measured, best)
+                fusions = analyzer.fusion(irs, measured, times)
                 chains = {f.signature: f.fused_ms for f in fusions}
-            for ir in progress(irs, f"{framework} models", settings.progress):
-                results.append(analyzer.bound(ir, measured, best, chains))
+            for ir in irs:
+                results.append(analyzer.bound(ir, framework, wholes[ir.name], times, chains))
     finally:
         db.close()
     rows = [
         [
             r.name,
             r.framework,
-            r.measured_ms,
-            r.sequential_lb_ms,
+            _plus_minus(r.measured_ms, r.measured_se_ms),
+            _plus_minus(r.sequential_lb_ms, r.sequential_lb_se_ms)
+            + ("" if r.precise else " (imprecise)"),
             r.parallel_lb_ms,
             r.fused_sequential_lb_ms,
             r.fused_parallel_lb_ms,
@@ -308,6 +333,7 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
         for r in results
     ]
     text = [
+        _heading(settings),
         table(
             [
                 "model",
@@ -321,7 +347,7 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                 "top layers",
             ],
             rows,
-        )
+        ),
     ]
     below = [r for r in results if r.measured_ms < r.sequential_lb_ms]
     if below:
@@ -344,7 +370,10 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
             {
                 "name": r.name,
                 "measured_ms": r.measured_ms,
+                "measured_ci_ms": _interval(r.measured_ms, r.measured_se_ms),
                 "sequential_lb_ms": r.sequential_lb_ms,
+                "sequential_lb_ci_ms": _interval(r.sequential_lb_ms, r.sequential_lb_se_ms),
+                "precise": r.precise,
                 "parallel_lb_ms": r.parallel_lb_ms,
                 "fused_sequential_lb_ms": r.fused_sequential_lb_ms,
                 "fused_parallel_lb_ms": r.fused_parallel_lb_ms,
@@ -372,6 +401,9 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
         ],
         "variants": list(settings.variants),
         "batch": settings.batch,
+        "precision": settings.precision,
+        "confidence": 0.95,
+        "quick": settings.quick,
     }
 
     def draw(folder: Path) -> list[Path]:
@@ -400,7 +432,7 @@ def bricks(settings: AnalyzeSettings) -> Report:
         )
     finally:
         db.close()
-    text = [_bricks_heading(settings)]
+    text = [_heading(settings)]
     for s in studies:
         text.append(
             f"\nG={s.granularity}: {s.unique_bricks} unique of {s.total_bricks} bricks; "
@@ -448,8 +480,10 @@ def bricks(settings: AnalyzeSettings) -> Report:
 LIMIT_PCT = 10.0
 
 
-def _bricks_heading(settings: AnalyzeSettings) -> str:
-    precision = f"each model's time, measured and estimated, to +-{settings.precision:.1%}"
+def _heading(settings: AnalyzeSettings) -> str:
+    """What the analysis measured to: the precision rule, and QUICK for a rough run."""
+    what = "estimated" if settings.analysis == "bricks" else "its sequential bound"
+    precision = f"each model's time, measured and {what}, to +-{settings.precision:.1%}"
     line = f"{precision} at 95% confidence (budget {settings.max_time_s:g} s per benchmark)"
     if settings.quick:
         return f"QUICK RUN (rough, not for comparison): {line}"
@@ -463,8 +497,8 @@ def _estimates_table(models: Sequence[Any]) -> str:
             [
                 m.name,
                 m.bricks,
-                f"{m.measured_ms:.2f} +-{Z95 * m.measured_se_ms:.2f}",
-                f"{m.estimated_ms:.2f} +-{Z95 * m.estimated_se_ms:.2f}",
+                _plus_minus(m.measured_ms, m.measured_se_ms),
+                _plus_minus(m.estimated_ms, m.estimated_se_ms),
                 f"{m.correction_pct:.1f}%",
                 m.error_pct,
                 "[{:+.1f}, {:+.1f}]".format(*m.error_ci_pct),
@@ -507,6 +541,10 @@ def _estimate_json(m: Any) -> dict[str, Any]:
         "correction_pct": m.correction_pct,
         "precise": m.precise,
     }
+
+
+def _plus_minus(value: float, se: float) -> str:
+    return f"{value:.2f} +-{Z95 * se:.2f}"
 
 
 def _interval(value: float, se: float) -> list[float]:

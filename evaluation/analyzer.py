@@ -13,12 +13,15 @@ that fuses, which the plain (Benanza) bounds are not.
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from trims.evaluation import generator, submodel
+from trims.evaluation import generator, ort_backend, submodel
 from trims.evaluation.generator import Bencher
 from trims.evaluation.ir import ModelIR
+from trims.evaluation.measure import Measurement
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,10 @@ class ModelBound:
     fused_sequential_lb_ms: float
     fused_parallel_lb_ms: float
     layers: list[LayerTime] = field(default_factory=list)
+    measured_se_ms: float = 0.0
+    sequential_lb_se_ms: float = 0.0
+    #: both sides reached the precision asked before a time or run budget ran out
+    precise: bool = True
 
     @property
     def gap_ms(self) -> float:
@@ -87,39 +94,134 @@ class FusionResult:
         return self.unfused_ms - self.fused_ms
 
 
+@dataclass
+class LayerTimes:
+    """Per layer configuration (signature), the best net time any variant achieved.
+
+    ``se_ms`` is the standard error of that variant's measurement and ``overhead`` each
+    variant's empty-model (fixed cost) measurement, subtracted from every layer it measured;
+    ``imprecise`` names the layers whose budget ran out before the precision asked.
+    """
+
+    best: dict[str, tuple[float, str]]
+    se_ms: dict[str, float] = field(default_factory=dict)
+    overhead: dict[str, Measurement] = field(default_factory=dict)
+    imprecise: set[str] = field(default_factory=set)
+
+
 def layer_times(
     irs: list[ModelIR],
     benchers: list[Bencher],
     progress: Callable[[list[generator.Benchmark]], Iterable[generator.Benchmark]] = iter,
-) -> dict[str, tuple[float, str]]:
-    """Signature -> (best net time in ms over the variants, that variant)."""
+) -> LayerTimes:
+    """Every layer benchmark by each bencher with its stability rule and time budget; the
+    best net time per signature (MXNet, whose benchmarks run in batches in their own process)."""
     benches = generator.layer_benchmarks(irs)
-    best: dict[str, tuple[float, str]] = {}
+    out = LayerTimes({})
     for bencher in benchers:
-        overhead = bencher.overhead_ms()
+        overhead = out.overhead[bencher.variant] = bencher.overhead()
         for bench, result in zip(benches, bencher.run_many(benches, progress), strict=True):
-            ms = max(result.measurement.trimmed_mean_ms - overhead, 0.0)
-            if bench.signature not in best or ms < best[bench.signature][0]:
-                best[bench.signature] = (ms, bencher.variant)
-    return best
+            ms = max(result.measurement.trimmed_mean_ms - overhead.trimmed_mean_ms, 0.0)
+            if bench.signature not in out.best or ms < out.best[bench.signature][0]:
+                out.best[bench.signature] = (ms, bencher.variant)
+                out.se_ms[bench.signature] = result.measurement.std_error_ms
+    return out
+
+
+def _layer_key(variant: str, signature: str) -> str:
+    return f"{variant}|{signature}"
+
+
+def precise_times(
+    irs: list[ModelIR],
+    benchers: list[Bencher],
+    target_rel: float,
+    progress: Callable[[list[ModelIR], str], Iterable[ModelIR]] = lambda items, _desc: items,
+) -> tuple[LayerTimes, dict[str, Measurement]]:
+    """Layer times and whole models measured to the precision the bounds need.
+
+    Each model's time measured whole (by ``benchers[0]``) and its sequential bound under each
+    variant, ``sum_layers (t_layer - t_empty)``, to a standard error of at most ``target_rel``
+    of it: the bound's budget is split among its terms (:func:`rounds.budgets`: every unique
+    layer with its occurrences, the empty model once per layer), and per model the whole model,
+    its new layers and the empty models are piloted, then measured in interleaved rounds
+    (:class:`rounds.Rounds`). A layer shared with a later model that asks more of it is
+    measured again. Returns the layer times and the whole models' measurements by name.
+    """
+    from trims.evaluation.rounds import Rounds, budgets
+
+    state = Rounds()
+    benches = {b.signature: b for b in generator.layer_benchmarks(irs)}
+    empty = generator.Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
+    for bencher in benchers:
+        state.open(_layer_key(bencher.variant, "empty"), empty, bencher)
+    for ir in progress(irs, "models"):
+        whole_key = f"model:{ir.name}"
+        state.open(whole_key, generator.model_benchmark(ir), benchers[0])
+        counts = Counter(layer.signature for layer in ir.layers)
+        for bencher in benchers:
+            for signature in counts:
+                state.open(_layer_key(bencher.variant, signature), benches[signature], bencher)
+
+        def goals(ir: ModelIR = ir, whole_key: str = whole_key) -> dict[str, float]:
+            now = {key: term.current() for key, term in state.terms.items()}
+            asked = {whole_key: target_rel * now[whole_key].trimmed_mean_ms}
+            counts = Counter(layer.signature for layer in ir.layers)
+            for bencher in benchers:
+                empty_key = _layer_key(bencher.variant, "empty")
+                fixed = now[empty_key].trimmed_mean_ms
+                terms = {_layer_key(bencher.variant, s): c for s, c in counts.items()}
+                value = sum(max(now[k].trimmed_mean_ms - fixed, 0.0) * c for k, c in terms.items())
+                terms[empty_key] = len(ir.layers)
+                for key, se in budgets(terms, value, target_rel).items():
+                    asked[key] = min(se, asked.get(key, math.inf))
+            return asked
+
+        state.run(goals)
+        state.close()
+    out = LayerTimes({}, imprecise={k.split("|", 1)[1] for k in state.imprecise if "|" in k})
+    for bencher in benchers:
+        overhead = out.overhead[bencher.variant] = state.result(
+            _layer_key(bencher.variant, "empty")
+        )
+        for signature in benches:
+            m = state.result(_layer_key(bencher.variant, signature))
+            ms = max(m.trimmed_mean_ms - overhead.trimmed_mean_ms, 0.0)
+            if signature not in out.best or ms < out.best[signature][0]:
+                out.best[signature] = (ms, bencher.variant)
+                out.se_ms[signature] = m.std_error_ms
+    wholes = {ir.name: state.result(f"model:{ir.name}") for ir in irs}
+    out.imprecise |= {k for k in state.imprecise if k.startswith("model:")}
+    return out, wholes
 
 
 def bound(
     ir: ModelIR,
-    measured: Bencher,
-    best: dict[str, tuple[float, str]],
+    framework: str,
+    whole: Measurement,
+    times: LayerTimes,
     fused: dict[str, float] | None = None,
 ) -> ModelBound:
-    """Measure ``ir`` end to end with ``measured`` and compute its lower bounds.
+    """The lower bounds of ``ir`` from ``times`` against its measurement ``whole``.
 
-    ``fused`` maps fusion-chain signatures to their fused time (see :func:`fusion`).
+    ``fused`` maps fusion-chain signatures to their fused time (see :func:`fusion`). The
+    sequential bound's standard error counts every layer's (once per occurrence) and each
+    variant's empty model once per layer it was subtracted from.
     """
-    whole = measured.run(generator.model_benchmark(ir)).measurement
-    times = [
+    best = times.best
+    layers = [
         LayerTime(layer.index, layer.name, layer.op_type, *best[layer.signature])
         for layer in ir.layers
     ]
-    weights = [t.best_ms for t in times]
+    weights = [t.best_ms for t in layers]
+    counts = Counter(layer.signature for layer in ir.layers)
+    per_variant = Counter(best[layer.signature][1] for layer in ir.layers)
+    variance = sum((c * times.se_ms.get(s, 0.0)) ** 2 for s, c in counts.items())
+    variance += sum(
+        (n * times.overhead[v].std_error_ms) ** 2
+        for v, n in per_variant.items()
+        if v in times.overhead
+    )
     parallel, _ = critical_path(weights, ir.preds)
     fused_weights = list(weights)
     for chain in generator.fusion_chains(ir):
@@ -131,21 +233,23 @@ def bound(
     fused_parallel, _ = critical_path(fused_weights, ir.preds)
     return ModelBound(
         name=ir.name,
-        framework=measured.framework,
+        framework=framework,
         measured_ms=whole.trimmed_mean_ms,
         measured_spread_ms=whole.spread_ms,
         sequential_lb_ms=sum(weights),
         parallel_lb_ms=parallel,
         fused_sequential_lb_ms=sum(fused_weights),
         fused_parallel_lb_ms=fused_parallel,
-        layers=times,
+        layers=layers,
+        measured_se_ms=whole.std_error_ms,
+        sequential_lb_se_ms=math.sqrt(variance),
+        precise=f"model:{ir.name}" not in times.imprecise and not (set(counts) & times.imprecise),
     )
 
 
-def fusion(
-    irs: list[ModelIR], bencher: Bencher, best: dict[str, tuple[float, str]]
-) -> list[FusionResult]:
+def fusion(irs: list[ModelIR], bencher: Bencher, times: LayerTimes) -> list[FusionResult]:
     """Fused chain time (one sub-model, ``bencher``'s variant) vs the sum of its layers' best."""
+    best = times.best
     overhead = bencher.overhead_ms()
     out: list[FusionResult] = []
     for bench, sigs in generator.chain_benchmarks(irs):

@@ -47,26 +47,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-time",
         type=float,
-        help="seconds per benchmark before it stops (default 0.5; bricks: 60, a guard: "
-        "--precision decides)",
+        help="seconds per benchmark before it stops (default 0.5; bricks and lowerbound: 60, "
+        "a guard: --precision decides; MXNet's benchmarks stop when stable)",
     )
     parser.add_argument(
         "--min-reps",
         type=int,
-        help="timed runs per benchmark, at least (default 7; bricks: 3, then --precision)",
+        help="timed runs per benchmark, at least (default 7; bricks and lowerbound: 3, then "
+        "--precision)",
     )
     parser.add_argument(
         "--precision",
         type=float,
-        help="bricks: half-width of the 95%% confidence interval asked of each model's time, "
-        "measured whole and estimated from bricks, as a fraction of it (default 0.02; "
-        "--quick: 0.05)",
+        help="bricks, lowerbound: half-width of the 95%% confidence interval asked of each "
+        "model's time, measured whole and estimated from bricks (or its sequential bound), as "
+        "a fraction of it (default 0.02; --quick: 0.05)",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="bricks: a fast, rough run (+-5%%, at most 2 s per benchmark), labelled as such; "
-        "the defaults reproduce run after run",
+        help="bricks, lowerbound: a fast, rough run (+-5%%, at most 2 s per benchmark), "
+        "labelled as such; the defaults reproduce run after run",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(

@@ -37,6 +37,10 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
     for m in models:
         assert 0 <= m["parallel_lb_ms"] <= m["sequential_lb_ms"]
         assert m["measured_ms"] > 0
+        low, high = m["measured_ci_ms"]
+        assert low <= m["measured_ms"] <= high
+        low, high = m["sequential_lb_ci_ms"]
+        assert low <= m["sequential_lb_ms"] <= high and isinstance(m["precise"], bool)
     br = tmp_path / "bricks.json"
     assert (
         main(
@@ -95,3 +99,26 @@ def test_quick_bricks_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # a bad precision is refused before anything is measured
     assert main([*args, "--precision", "0"]) == 1
     assert "precision must be between" in capsys.readouterr().err
+
+
+def test_lowerbound_follows_the_precision_and_says_quick(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trims.evaluation import analyses
+
+    settings = analyses.make_settings("lowerbound", models=["zoo"])
+    assert (settings.max_time_s, settings.min_reps, settings.precision) == (60.0, 3, 0.02)
+    layers = analyses.make_settings("layers", models=["zoo"])
+    assert (layers.max_time_s, layers.min_reps) == (0.5, 7)  # no precision rule there
+    a = tmp_path / "a.onnx"
+    onnx.save(graphs.conv_gemm(), str(a))
+    out = tmp_path / "lb.json"
+    args = ["analyze", "lowerbound", "--models", str(a), "--db", str(tmp_path / "q.sqlite")]
+    assert main([*args, "--quick", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("QUICK RUN (rough")
+    body = json.loads(out.read_text())
+    assert body["quick"] and body["precision"] == 0.05
+    (m,) = body["models"]
+    low, high = m["measured_ci_ms"]
+    # the interval asked: +-5% of the time at most (the whole model reached its precision)
+    assert m["precise"] and (high - low) / 2 <= 0.05 * m["measured_ms"]
