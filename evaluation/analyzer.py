@@ -108,6 +108,13 @@ class LayerTimes:
     overhead: dict[str, Measurement] = field(default_factory=dict)
     imprecise: set[str] = field(default_factory=set)
 
+    def offer(self, signature: str, variant: str, measured: Measurement) -> None:
+        """Keep ``variant``'s net time for ``signature`` if it is the best so far."""
+        ms = max(measured.trimmed_mean_ms - self.overhead[variant].trimmed_mean_ms, 0.0)
+        if signature not in self.best or ms < self.best[signature][0]:
+            self.best[signature] = (ms, variant)
+            self.se_ms[signature] = measured.std_error_ms
+
 
 def layer_times(
     irs: list[ModelIR],
@@ -119,12 +126,9 @@ def layer_times(
     benches = generator.layer_benchmarks(irs)
     out = LayerTimes({})
     for bencher in benchers:
-        overhead = out.overhead[bencher.variant] = bencher.overhead()
+        out.overhead[bencher.variant] = bencher.overhead()
         for bench, result in zip(benches, bencher.run_many(benches, progress), strict=True):
-            ms = max(result.measurement.trimmed_mean_ms - overhead.trimmed_mean_ms, 0.0)
-            if bench.signature not in out.best or ms < out.best[bench.signature][0]:
-                out.best[bench.signature] = (ms, bencher.variant)
-                out.se_ms[bench.signature] = result.measurement.std_error_ms
+            out.offer(bench.signature, bencher.variant, result.measurement)
     return out
 
 
@@ -179,17 +183,14 @@ def precise_times(
 
         state.run(goals)
         state.close()
+    # "empty" stands for the empty model of any variant: every model's bound subtracts it
     out = LayerTimes({}, imprecise={k.split("|", 1)[1] for k in state.imprecise if "|" in k})
     for bencher in benchers:
-        overhead = out.overhead[bencher.variant] = state.result(
-            _layer_key(bencher.variant, "empty")
-        )
+        out.overhead[bencher.variant] = state.result(_layer_key(bencher.variant, "empty"))
         for signature in benches:
-            m = state.result(_layer_key(bencher.variant, signature))
-            ms = max(m.trimmed_mean_ms - overhead.trimmed_mean_ms, 0.0)
-            if signature not in out.best or ms < out.best[signature][0]:
-                out.best[signature] = (ms, bencher.variant)
-                out.se_ms[signature] = m.std_error_ms
+            out.offer(
+                signature, bencher.variant, state.result(_layer_key(bencher.variant, signature))
+            )
     wholes = {ir.name: state.result(f"model:{ir.name}") for ir in irs}
     out.imprecise |= {k for k in state.imprecise if k.startswith("model:")}
     return out, wholes
@@ -243,7 +244,7 @@ def bound(
         layers=layers,
         measured_se_ms=whole.std_error_ms,
         sequential_lb_se_ms=math.sqrt(variance),
-        precise=f"model:{ir.name}" not in times.imprecise and not (set(counts) & times.imprecise),
+        precise=not ({f"model:{ir.name}", "empty", *counts} & times.imprecise),
     )
 
 
