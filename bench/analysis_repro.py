@@ -97,7 +97,35 @@ def summarize_bricks(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "time_bricks_s": [r["time_bricks_s"] for r in runs],
         "saving": [r["time_whole_s"] / r["time_bricks_s"] for r in runs],
         "quick": any(r.get("quick") for r in runs),
+        "coarser": summarize_coarser(runs),
     }
+
+
+def summarize_coarser(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per granularity after the first (G = 5, 20 for the zoo): models within 10% per run and
+    each model's error over the runs."""
+    out = []
+    for i, first in enumerate(runs[0].get("by_granularity", [])[1:], start=1):
+        studies = [run["by_granularity"][i] for run in runs]
+        errors = {
+            m["name"]: spread(
+                [
+                    next(x for x in s["models"] if x["name"] == m["name"])["error_pct"]
+                    for s in studies
+                ]
+            )
+            for m in first["models"]
+        }
+        out.append(
+            {
+                "granularity": first["granularity"],
+                "within_per_run": [
+                    sum(m["within_10pct"] == "within" for m in s["models"]) for s in studies
+                ],
+                "error_pct": errors,
+            }
+        )
+    return out
 
 
 def summarize_lowerbound(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,10 +172,20 @@ def bricks_table(title: str, summary: dict[str, Any]) -> str:
         + ("yes" if summary["same_models_within"] else "no")
         + f"; benchmarking time whole / bricks per run: {saving}\n\n"
     )
-    return head + markdown_table(
-        ["model", "measured ms", "estimated ms", "error %", "runs within 10%", "verdicts"],
-        rows,
-        align="lrrrrl",
+    coarser = "".join(
+        f"\n\nG={c['granularity']}: within {LIMIT_PCT:g}% per run {c['within_per_run']}; "
+        "median errors "
+        + ", ".join(f"{name} {e['median']:+.1f}%" for name, e in c["error_pct"].items())
+        for c in summary["coarser"]
+    )
+    return (
+        head
+        + markdown_table(
+            ["model", "measured ms", "estimated ms", "error %", "runs within 10%", "verdicts"],
+            rows,
+            align="lrrrrl",
+        )
+        + coarser
     )
 
 

@@ -485,6 +485,8 @@ def _heading(settings: AnalyzeSettings) -> str:
     what = "estimated" if settings.analysis == "bricks" else "its sequential bound"
     precision = f"each model's time, measured and {what}, to +-{settings.precision:.1%}"
     line = f"{precision} at 95% confidence (budget {settings.max_time_s:g} s per benchmark)"
+    if settings.analysis == "lowerbound" and "mxnet" in settings.frameworks:
+        line += "; MXNet's benchmarks, run in batches, until stable"
     if settings.quick:
         return f"QUICK RUN (rough, not for comparison): {line}"
     return line

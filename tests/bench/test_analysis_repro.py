@@ -31,8 +31,13 @@ def test_two_quick_runs_of_one_model(tmp_path: Path) -> None:
     spread = model["error_pct"]
     assert spread["min"] <= spread["median"] <= spread["max"]
     assert all(w > 0 for w in doc["wall_s"]["zoo"])
+    # the coarser granularities (the zoo's default 1, 5, 20) are summarized too
+    assert [c["granularity"] for c in zoo["coarser"]] == [5, 20]
+    assert all(
+        len(c["within_per_run"]) == 2 and "squeezenet" in c["error_pct"] for c in zoo["coarser"]
+    )
     table = out.with_suffix(".md").read_text()
-    assert "QUICK" in table and "| squeezenet |" in table
+    assert "QUICK" in table and "| squeezenet |" in table and "G=5: within 10% per run" in table
 
 
 def test_an_unknown_analysis_is_refused(tmp_path: Path) -> None:
