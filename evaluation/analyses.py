@@ -54,6 +54,8 @@ class AnalyzeSettings:
     mxnet_python: str | None
     #: models given as ONNX protos rather than by name (the function's store models), by name
     provided: Mapping[str, Any] = field(default_factory=dict)
+    #: seconds per benchmark for those that stop when stable (MXNet's, the fusion chains)
+    stable_max_time_s: float = 0.5
 
 
 def _items(value: str | Sequence[Any]) -> list[str]:
@@ -84,8 +86,9 @@ def make_settings(
 
     ``min_reps`` defaults to 7 (3 for bricks and lowerbound, which then follow ``precision``);
     ``max_time`` (seconds per benchmark) to 0.5 (bricks and lowerbound: 60, a guard: their
-    precision decides; MXNet's, measured in batches, stop when stable); ``precision`` to 0.02
-    (each model's time, measured and estimated or bounded, to +-2% at 95% confidence).
+    precision decides; MXNet's and the fusion chains, which stop when stable, keep 0.5 s);
+    ``precision`` to 0.02 (each model's time, measured and estimated or bounded, to +-2% at 95%
+    confidence).
     ``quick`` trades accuracy for time: +-5% with at most 2 s per benchmark. Each ONNX Runtime
     variant gets the thread count.
     """
@@ -135,6 +138,7 @@ def make_settings(
         progress=progress,
         mxnet_python=mxnet_python,
         provided=dict(provided or {}),
+        stable_max_time_s=max_time if max_time is not None else STABLE_MAX_TIME_S,
     )
 
 
@@ -144,10 +148,14 @@ PRECISION_RULED = ("bricks", "lowerbound")
 _MAX_REPS = 1_000_000
 
 
+#: seconds per benchmark that stops when stable (the layers' rule before the precision one)
+STABLE_MAX_TIME_S = 0.5
+
+
 def _default_max_time(analysis: str, quick: bool) -> float:
     """Seconds per benchmark: a guard where the precision decides, the budget else."""
     if analysis not in PRECISION_RULED:
-        return 0.5
+        return STABLE_MAX_TIME_S
     return 2.0 if quick else 60.0
 
 
@@ -200,19 +208,23 @@ def _load(settings: AnalyzeSettings) -> list[Any]:
     return out
 
 
-def _bencher(settings: AnalyzeSettings, db: Any, framework: str, variant: str) -> Any:
+def _bencher(
+    settings: AnalyzeSettings, db: Any, framework: str, variant: str, stable: bool = False
+) -> Any:
+    """A bencher for the analysis; ``stable``: for benchmarks that stop when stable (the fusion
+    chains), which keep the stability rule's run cap and time budget."""
     from trims.evaluation.generator import Bencher
     from trims.evaluation.measure import MeasureSettings
 
-    # one intra-op thread computes on the calling thread, whose CPU time ignores preemption;
-    # with more threads only the wall clock sees all the work
-    precision_ruled = settings.analysis in PRECISION_RULED and framework != "mxnet"
+    precision_ruled = settings.analysis in PRECISION_RULED and framework != "mxnet" and not stable
     measure = MeasureSettings(
         min_reps=settings.min_reps,
         # where the precision decides, the time budget alone guards: a 3 us empty model that
         # is subtracted 200 times may need thousands of runs, and they cost milliseconds
         max_reps=_MAX_REPS if precision_ruled else MeasureSettings.max_reps,
-        max_time_s=settings.max_time_s,
+        max_time_s=settings.max_time_s if precision_ruled else settings.stable_max_time_s,
+        # one intra-op thread computes on the calling thread, whose CPU time ignores
+        # preemption; with more threads only the wall clock sees all the work
         clock="thread" if settings.threads == 1 else "wall",
     )
     return Bencher(
@@ -311,7 +323,8 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                 )
             chains: dict[str, float] = {}
             if framework == "onnxruntime":
-                fusions = analyzer.fusion(irs, measured, times)
+                chains_bencher = _bencher(settings, db, framework, variants[0], stable=True)
+                fusions = analyzer.fusion(irs, chains_bencher, times)
                 chains = {f.signature: f.fused_ms for f in fusions}
             for ir in irs:
                 results.append(analyzer.bound(ir, framework, wholes[ir.name], times, chains))

@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-time",
         type=float,
         help="seconds per benchmark before it stops (default 0.5; bricks and lowerbound: 60, "
-        "a guard: --precision decides; MXNet's benchmarks stop when stable)",
+        "a guard: --precision decides; MXNet's and the fusion chains stop when stable, 0.5)",
     )
     parser.add_argument(
         "--min-reps",

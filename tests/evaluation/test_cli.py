@@ -108,6 +108,9 @@ def test_lowerbound_follows_the_precision_and_says_quick(
 
     settings = analyses.make_settings("lowerbound", models=["zoo"])
     assert (settings.max_time_s, settings.min_reps, settings.precision) == (60.0, 3, 0.02)
+    # what stops when stable (the fusion chains, MXNet) keeps its budget, or the one given
+    assert settings.stable_max_time_s == 0.5
+    assert analyses.make_settings("lowerbound", max_time=3.0).stable_max_time_s == 3.0
     layers = analyses.make_settings("layers", models=["zoo"])
     assert (layers.max_time_s, layers.min_reps) == (0.5, 7)  # no precision rule there
     a = tmp_path / "a.onnx"
