@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from trims.evaluation import generator, ort_backend, submodel
+from trims.evaluation import generator, submodel
 from trims.evaluation.generator import Bencher
 from trims.evaluation.ir import ModelIR
 from trims.evaluation.measure import Measurement
@@ -100,7 +100,8 @@ class LayerTimes:
 
     ``se_ms`` is the standard error of that variant's measurement and ``overhead`` each
     variant's empty-model (fixed cost) measurement, subtracted from every layer it measured;
-    ``imprecise`` names the layers whose budget ran out before the precision asked.
+    ``imprecise`` names what ran out of budget before the precision asked: layer signatures,
+    ``empty`` (an empty model) and ``model:<name>`` (a whole model).
     """
 
     best: dict[str, tuple[float, str]]
@@ -156,9 +157,8 @@ def precise_times(
 
     state = Rounds()
     benches = {b.signature: b for b in generator.layer_benchmarks(irs)}
-    empty = generator.Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
     for bencher in benchers:
-        state.open(_layer_key(bencher.variant, "empty"), empty, bencher)
+        state.open(_layer_key(bencher.variant, "empty"), generator.empty_benchmark(), bencher)
     for ir in progress(irs, "models"):
         whole_key = f"model:{ir.name}"
         state.open(whole_key, generator.model_benchmark(ir), benchers[0])
@@ -167,10 +167,11 @@ def precise_times(
             for signature in counts:
                 state.open(_layer_key(bencher.variant, signature), benches[signature], bencher)
 
-        def goals(ir: ModelIR = ir, whole_key: str = whole_key) -> dict[str, float]:
+        def goals(
+            ir: ModelIR = ir, whole_key: str = whole_key, counts: Counter[str] = counts
+        ) -> dict[str, float]:
             now = {key: term.current() for key, term in state.terms.items()}
             asked = {whole_key: target_rel * now[whole_key].trimmed_mean_ms}
-            counts = Counter(layer.signature for layer in ir.layers)
             for bencher in benchers:
                 empty_key = _layer_key(bencher.variant, "empty")
                 fixed = now[empty_key].trimmed_mean_ms

@@ -361,8 +361,7 @@ def study(
         sampler, layouts[key] = bencher.open_profiled(bench)
         state.open(key, bench, bencher, sampler)
 
-    empty = generator.Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
-    state.open(EMPTY, empty, bencher)
+    state.open(EMPTY, generator.empty_benchmark(), bencher)
     per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
     whole_precise: dict[str, bool] = {}
     for ir in progress(irs, "models"):

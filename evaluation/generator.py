@@ -267,11 +267,17 @@ class Bencher:
 
     def overhead(self) -> Measurement:
         """Fixed cost of one run of an empty model; subtracted from layer and brick times."""
-        bench = Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
+        bench = empty_benchmark()
         return self.run(bench).measurement
 
     def overhead_ms(self) -> float:
         return self.overhead().trimmed_mean_ms
+
+
+def empty_benchmark() -> Benchmark:
+    """The empty model (:func:`~trims.evaluation.ort_backend.empty_model`): the fixed cost of
+    one run, which layer and brick benchmarks pay and subtract."""
+    return Benchmark("overhead", "empty", "empty model", ort_backend.empty_model)
 
 
 def model_benchmark(ir: ModelIR, weights: Mapping[str, np.ndarray] | None = None) -> Benchmark:
