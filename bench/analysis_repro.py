@@ -142,9 +142,24 @@ def summarize_lowerbound(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "sequential_lb_ms": spread(bound),
                 "measured_range_pct": 100 * (max(measured) / min(measured) - 1),
                 "bound_range_pct": 100 * (max(bound) / min(bound) - 1),
+                # runs whose measurement and bound both reached the precision asked
+                "runs_precise": sum(bool(r["precise"]) for r in rows),
+                # whether every run's 95% interval overlaps every other's (the runs agree
+                # within their own uncertainty)
+                "measured_agree": _intervals_overlap([r["measured_ci_ms"] for r in rows]),
+                "bound_agree": _intervals_overlap([r["sequential_lb_ci_ms"] for r in rows]),
             }
         )
-    return {"models": models}
+    return {"models": models, "runs": len(runs)}
+
+
+def _intervals_overlap(intervals: list[list[float]]) -> bool:
+    """Whether some value lies in every interval ``[lo, hi]``."""
+    return max(lo for lo, _ in intervals) <= min(hi for _, hi in intervals)
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
 
 
 def _ms(s: dict[str, float]) -> str:
@@ -169,7 +184,7 @@ def bricks_table(title: str, summary: dict[str, Any]) -> str:
         f"**{title}**, G={summary['granularity']}"
         + (" (QUICK: rough)" if summary["quick"] else "")
         + f": within {LIMIT_PCT:g}% per run {summary['within_per_run']}, same models every run: "
-        + ("yes" if summary["same_models_within"] else "no")
+        + _yes(summary["same_models_within"])
         + f"; benchmarking time whole / bricks per run: {saving}\n\n"
     )
     coarser = "".join(
@@ -197,13 +212,23 @@ def lowerbound_table(summary: dict[str, Any]) -> str:
             f"{m['measured_range_pct']:.1f}%",
             _ms(m["sequential_lb_ms"]),
             f"{m['bound_range_pct']:.1f}%",
+            f"{m['runs_precise']}/{summary['runs']}",
+            f"{_yes(m['measured_agree'])} / {_yes(m['bound_agree'])}",
         ]
         for m in summary["models"]
     ]
     return "**lowerbound**, zoo\n\n" + markdown_table(
-        ["model", "measured ms", "max/min - 1", "sequential bound ms", "max/min - 1"],
+        [
+            "model",
+            "measured ms",
+            "max/min - 1",
+            "sequential bound ms",
+            "max/min - 1",
+            "runs precise",
+            "95% CIs overlap (measured / bound)",
+        ],
         rows,
-        align="lrrrr",
+        align="lrrrrrl",
     )
 
 

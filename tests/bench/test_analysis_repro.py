@@ -6,12 +6,26 @@ writes another shape of JSON; the figures are the benchmark's, never asserted he
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _repro() -> ModuleType:
+    """bench/analysis_repro.py as a module (bench/ is scripts, not a package)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("analysis_repro")
+    finally:
+        sys.path.remove(str(BENCH))
 
 
 def test_two_quick_runs_of_one_model(tmp_path: Path) -> None:
@@ -46,3 +60,33 @@ def test_an_unknown_analysis_is_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and "--only takes zoo, families, lowerbound" in proc.stderr
+
+
+def _lowerbound_row(measured: list[float], bound: list[float], precise: bool) -> dict[str, Any]:
+    """One model of one `trims analyze lowerbound --json` run (the keys the summary reads):
+    ``measured`` and ``bound`` are [value, lo, hi]."""
+    return {
+        "name": "squeezenet",
+        "measured_ms": measured[0],
+        "measured_ci_ms": measured[1:],
+        "sequential_lb_ms": bound[0],
+        "sequential_lb_ci_ms": bound[1:],
+        "precise": precise,
+    }
+
+
+def test_lowerbound_summary_counts_precise_runs_and_whether_the_runs_agree() -> None:
+    repro = _repro()
+    runs = [
+        {"models": [_lowerbound_row([10.0, 9.8, 10.2], [8.0, 7.9, 8.1], True)]},
+        {"models": [_lowerbound_row([10.1, 9.9, 10.3], [8.5, 8.4, 8.6], False)]},
+    ]
+    summary = repro.summarize_lowerbound(runs)
+    (model,) = summary["models"]
+    assert summary["runs"] == 2 and model["runs_precise"] == 1
+    # the measured intervals share [9.9, 10.2]; the bounds' ([7.9, 8.1], [8.4, 8.6]) do not
+    assert model["measured_agree"] and not model["bound_agree"]
+    assert model["measured_range_pct"] == pytest.approx(1.0)
+    assert model["bound_range_pct"] == pytest.approx(6.25)
+    table = repro.lowerbound_table(summary)
+    assert "| squeezenet |" in table and "| 1/2 |" in table and "| yes / no |" in table
