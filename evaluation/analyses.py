@@ -321,11 +321,11 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                         items, f"{fw} {desc}", settings.progress
                     ),
                 )
-            chains: dict[str, float] = {}
+            chains: dict[str, analyzer.FusionResult] = {}
             if framework == "onnxruntime":
                 chains_bencher = _bencher(settings, db, framework, variants[0], stable=True)
                 fusions = analyzer.fusion(irs, chains_bencher, times)
-                chains = {f.signature: f.fused_ms for f in fusions}
+                chains = {f.signature: f for f in fusions}
             for ir in irs:
                 results.append(analyzer.bound(ir, framework, wholes[ir.name], times, chains))
     finally:
@@ -337,9 +337,9 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
             _plus_minus(r.measured_ms, r.measured_se_ms),
             _plus_minus(r.sequential_lb_ms, r.sequential_lb_se_ms)
             + ("" if r.precise else " (imprecise)"),
-            r.parallel_lb_ms,
-            r.fused_sequential_lb_ms,
-            r.fused_parallel_lb_ms,
+            _plus_minus(r.parallel_lb_ms, r.parallel_lb_se_ms),
+            _plus_minus(r.fused_sequential_lb_ms, r.fused_sequential_lb_se_ms),
+            _plus_minus(r.fused_parallel_lb_ms, r.fused_parallel_lb_se_ms),
             r.measured_ms / r.sequential_lb_ms if r.sequential_lb_ms else float("inf"),
             ", ".join(f"{t.name}({t.op_type})" for t in r.top_layers(2)),
         ]
@@ -374,7 +374,15 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
         text.append(
             table(
                 ["chain", "unfused", "fused", "saving"],
-                [[f.label, f.unfused_ms, f.fused_ms, f.saving_ms] for f in fusions[:8]],
+                [
+                    [
+                        f.label,
+                        _plus_minus(f.unfused_ms, f.unfused_se_ms),
+                        _plus_minus(f.fused_ms, f.fused_se_ms),
+                        f.saving_ms,
+                    ]
+                    for f in fusions[:8]
+                ],
             )
         )
     primary = [r for r in results if r.framework == settings.frameworks[0]]
@@ -388,8 +396,15 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                 "sequential_lb_ci_ms": _interval(r.sequential_lb_ms, r.sequential_lb_se_ms),
                 "precise": r.precise,
                 "parallel_lb_ms": r.parallel_lb_ms,
+                "parallel_lb_ci_ms": _interval(r.parallel_lb_ms, r.parallel_lb_se_ms),
                 "fused_sequential_lb_ms": r.fused_sequential_lb_ms,
+                "fused_sequential_lb_ci_ms": _interval(
+                    r.fused_sequential_lb_ms, r.fused_sequential_lb_se_ms
+                ),
                 "fused_parallel_lb_ms": r.fused_parallel_lb_ms,
+                "fused_parallel_lb_ci_ms": _interval(
+                    r.fused_parallel_lb_ms, r.fused_parallel_lb_se_ms
+                ),
                 "measured_spread_ms": r.measured_spread_ms,
                 "gap_ms": r.gap_ms,
                 "top_layers": [
@@ -410,7 +425,14 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
             for r in results
         ],
         "fusion": [
-            {"chain": f.label, "unfused_ms": f.unfused_ms, "fused_ms": f.fused_ms} for f in fusions
+            {
+                "chain": f.label,
+                "unfused_ms": f.unfused_ms,
+                "unfused_ci_ms": _interval(f.unfused_ms, f.unfused_se_ms),
+                "fused_ms": f.fused_ms,
+                "fused_ci_ms": _interval(f.fused_ms, f.fused_se_ms),
+            }
+            for f in fusions
         ],
         "variants": list(settings.variants),
         "batch": settings.batch,

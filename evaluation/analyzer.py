@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trims.evaluation import generator, submodel
@@ -73,6 +73,11 @@ class ModelBound:
     sequential_lb_se_ms: float = 0.0
     #: both sides reached the precision asked before a time or run budget ran out
     precise: bool = True
+    #: the other bounds' standard errors (a parallel bound's: of the sum along its critical
+    #: path, the path taken as found)
+    parallel_lb_se_ms: float = 0.0
+    fused_sequential_lb_se_ms: float = 0.0
+    fused_parallel_lb_se_ms: float = 0.0
 
     @property
     def gap_ms(self) -> float:
@@ -88,6 +93,13 @@ class FusionResult:
     label: str
     fused_ms: float
     unfused_ms: float
+    #: the chain's measurement's standard error, the variant it ran under and the standard
+    #: error of that variant's empty model, which ``fused_ms`` is net of
+    fused_se_ms: float = 0.0
+    variant: str = ""
+    overhead_se_ms: float = 0.0
+    #: the standard error of ``unfused_ms`` (:func:`_sum_se` over the chain's layers)
+    unfused_se_ms: float = 0.0
 
     @property
     def saving_ms(self) -> float:
@@ -197,18 +209,23 @@ def precise_times(
     return out, wholes
 
 
+#: one position's share of a bound: its term's key, the term's standard error, and the empty
+#: model subtracted from it (a key naming that measurement and its standard error)
+_Term = tuple[str, float, tuple[str, float]]
+
+
 def bound(
     ir: ModelIR,
     framework: str,
     whole: Measurement,
     times: LayerTimes,
-    fused: dict[str, float] | None = None,
+    fused: Mapping[str, FusionResult] | None = None,
 ) -> ModelBound:
     """The lower bounds of ``ir`` from ``times`` against its measurement ``whole``.
 
-    ``fused`` maps fusion-chain signatures to their fused time (see :func:`fusion`). The
-    sequential bound's standard error counts every layer's (once per occurrence) and each
-    variant's empty model once per layer it was subtracted from.
+    ``fused`` maps fusion-chain signatures to their measurement (see :func:`fusion`); a chain
+    faster than its layers one by one stands for them in the fused bounds. Each bound comes
+    with its standard error (:func:`_sum_se`).
     """
     best = times.best
     layers = [
@@ -217,22 +234,24 @@ def bound(
     ]
     weights = [t.best_ms for t in layers]
     counts = Counter(layer.signature for layer in ir.layers)
-    per_variant = Counter(best[layer.signature][1] for layer in ir.layers)
-    variance = sum((c * times.se_ms.get(s, 0.0)) ** 2 for s, c in counts.items())
-    variance += sum(
-        (n * times.overhead[v].std_error_ms) ** 2
-        for v, n in per_variant.items()
-        if v in times.overhead
-    )
-    parallel, _ = critical_path(weights, ir.preds)
-    fused_weights = list(weights)
+    # what each position's time is made of: (term, its SE, the empty model subtracted from it)
+    terms: list[_Term | None] = [_layer_term(times, layer.signature) for layer in ir.layers]
+    parallel, path = critical_path(weights, ir.preds)
+    fused_weights, fused_terms = list(weights), list(terms)
     for chain in generator.fusion_chains(ir):
-        chain_ms = (fused or {}).get(submodel.group_signature(ir, chain))
-        if chain_ms is not None and chain_ms < sum(weights[i] for i in chain):
-            fused_weights[chain[0]] = chain_ms
+        result = (fused or {}).get(submodel.group_signature(ir, chain))
+        if result is not None and result.fused_ms < sum(weights[i] for i in chain):
+            fused_weights[chain[0]] = result.fused_ms
+            fused_terms[chain[0]] = (
+                f"chain:{result.signature}",
+                result.fused_se_ms,
+                (result.variant, result.overhead_se_ms),
+            )
             for i in chain[1:]:
                 fused_weights[i] = 0.0
-    fused_parallel, _ = critical_path(fused_weights, ir.preds)
+                fused_terms[i] = None
+    fused_parallel, fused_path = critical_path(fused_weights, ir.preds)
+    everything = range(len(ir.layers))
     return ModelBound(
         name=ir.name,
         framework=framework,
@@ -244,17 +263,66 @@ def bound(
         fused_parallel_lb_ms=fused_parallel,
         layers=layers,
         measured_se_ms=whole.std_error_ms,
-        sequential_lb_se_ms=math.sqrt(variance),
+        sequential_lb_se_ms=_sum_se([terms[i] for i in everything]),
         precise=not ({f"model:{ir.name}", "empty", *counts} & times.imprecise),
+        parallel_lb_se_ms=_sum_se([terms[i] for i in path]),
+        fused_sequential_lb_se_ms=_sum_se([fused_terms[i] for i in everything]),
+        fused_parallel_lb_se_ms=_sum_se([fused_terms[i] for i in fused_path]),
     )
+
+
+def _layer_term(times: LayerTimes, signature: str) -> _Term:
+    """A layer's share of a bound: its best variant's measurement, net of that variant's empty
+    model."""
+    variant = times.best[signature][1]
+    overhead = times.overhead.get(variant)
+    return (
+        signature,
+        times.se_ms.get(signature, 0.0),
+        (variant, overhead.std_error_ms if overhead is not None else 0.0),
+    )
+
+
+def _sum_se(terms: Iterable[_Term | None]) -> float:
+    """Standard error of a sum of net times: a term counted ``c`` times contributes ``c`` times
+    its error (the same measurement each time), and so does a variant's empty model subtracted
+    ``n`` times (one measurement per variant: the fusion chains' bencher finds the one the
+    layers used in the results database; were it another, this overstates the error); different
+    measurements are independent, so their variances add."""
+    counts: Counter[str] = Counter()
+    term_se: dict[str, float] = {}
+    overheads: Counter[str] = Counter()
+    overhead_se: dict[str, float] = {}
+    for term in terms:
+        if term is None:
+            continue
+        key, se, (variant, variant_se) = term
+        counts[key] += 1
+        term_se[key] = se
+        overheads[variant] += 1
+        overhead_se[variant] = max(variant_se, overhead_se.get(variant, 0.0))
+    variance = sum((c * term_se[k]) ** 2 for k, c in counts.items())
+    variance += sum((n * overhead_se[v]) ** 2 for v, n in overheads.items())
+    return math.sqrt(variance)
 
 
 def fusion(irs: list[ModelIR], bencher: Bencher, times: LayerTimes) -> list[FusionResult]:
     """Fused chain time (one sub-model, ``bencher``'s variant) vs the sum of its layers' best."""
     best = times.best
-    overhead = bencher.overhead_ms()
+    overhead = bencher.overhead()
     out: list[FusionResult] = []
     for bench, sigs in generator.chain_benchmarks(irs):
-        fused = max(bencher.run(bench).measurement.trimmed_mean_ms - overhead, 0.0)
-        out.append(FusionResult(bench.signature, bench.label, fused, sum(best[s][0] for s in sigs)))
+        measured = bencher.run(bench).measurement
+        out.append(
+            FusionResult(
+                bench.signature,
+                bench.label,
+                max(measured.trimmed_mean_ms - overhead.trimmed_mean_ms, 0.0),
+                sum(best[s][0] for s in sigs),
+                fused_se_ms=measured.std_error_ms,
+                variant=bencher.variant,
+                overhead_se_ms=overhead.std_error_ms,
+                unfused_se_ms=_sum_se(_layer_term(times, s) for s in sigs),
+            )
+        )
     return sorted(out, key=lambda f: f.saving_ms, reverse=True)

@@ -41,6 +41,16 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
         assert low <= m["measured_ms"] <= high
         low, high = m["sequential_lb_ci_ms"]
         assert low <= m["sequential_lb_ms"] <= high and isinstance(m["precise"], bool)
+        # every bound carries its interval, the fused ones and the critical paths too
+        for key in ("parallel_lb", "fused_sequential_lb", "fused_parallel_lb"):
+            low, high = m[f"{key}_ci_ms"]
+            assert low <= m[f"{key}_ms"] <= high
+    chains = json.loads(lb.read_text())["fusion"]
+    assert chains  # both models have Conv(+Add)+Relu chains
+    for chain in chains:
+        for key in ("fused", "unfused"):
+            low, high = chain[f"{key}_ci_ms"]
+            assert low <= chain[f"{key}_ms"] <= high
     br = tmp_path / "bricks.json"
     assert (
         main(
