@@ -45,14 +45,19 @@ class Term:
     bencher: Bencher
     result: Measurement | None = None
     sampler: Sampler | None = None
-    #: the tightest standard error (ms) any model has asked of it so far
-    asked: float = math.inf
 
     def current(self) -> Measurement:
         if self.sampler is not None:
             return self.sampler.measurement()
         assert self.result is not None, "a term is measured or open"
         return self.result
+
+    @property
+    def spent(self) -> bool:
+        """Whether its closed measurement used up the run or time budget (so opening it again
+        would only add a session's cost and stop at once)."""
+        s, r = self.bencher.settings, self.result
+        return r is not None and (r.reps >= s.max_reps or r.elapsed_s >= s.max_time_s)
 
 
 #: each round gives every benchmark still short of its precision at most about this much run
@@ -100,9 +105,11 @@ class Rounds:
         """Measure in rounds, every term short of its goal a slice per round, until none is.
 
         ``goals`` gives, from the measurements so far, the standard error (ms) asked of each
-        term. A closed term asked for more than it was measured to is opened again (both costs
-        counted); a term whose run or time budget is spent stops where it is and is marked
-        imprecise (MXNet's terms cannot be reopened: they are too).
+        term. A closed term short of its goal is opened again (both costs counted), whatever
+        it was asked before: a standard error need not fall with every run, so a term that met
+        a tight goal once may stand above a looser one later. A term whose run or time budget
+        is spent stops where it is and is marked imprecise (MXNet's terms cannot be reopened:
+        they are too).
         """
         while True:
             due: list[tuple[Term, float]] = []
@@ -111,14 +118,13 @@ class Rounds:
                 if term.current().std_error_ms <= goal:
                     continue
                 if term.sampler is None:
-                    if goal >= term.asked or term.bencher.framework == "mxnet":
+                    if term.spent or term.bencher.framework == "mxnet":
                         self.imprecise.add(key)
                         continue
                     assert term.result is not None
                     term.sampler = term.bencher.open(term.bench)
                     term.sampler.setup_s += term.result.elapsed_s
                     term.sampler.run_more(term.bencher.settings.min_reps)
-                term.asked = min(term.asked, goal)
                 if term.sampler.capped:
                     self.imprecise.add(key)
                     continue

@@ -50,7 +50,9 @@ def test_precise_times_measure_each_model_and_its_bound_to_the_precision(tmp_pat
     irs = [ir.model_ir(graphs.residual(2), "res"), ir.model_ir(graphs.conv_gemm(), "cg")]
     db = ResultsDB(str(tmp_path / "r.sqlite"))
     try:
-        settings = MeasureSettings(min_reps=3, max_time_s=30.0, max_reps=100_000)
+        # no run cap that matters, as in the analyses: on a busy machine (or under coverage)
+        # an empty model subtracted from every layer may need more than 100,000 of its 3 us runs
+        settings = MeasureSettings(min_reps=3, max_time_s=30.0, max_reps=10_000_000)
         benchers = [
             generator.Bencher(db, "onnxruntime", v, 1, settings)
             for v in ("opt=all,threads=1", "opt=extended,threads=1")
@@ -68,9 +70,13 @@ def test_precise_times_measure_each_model_and_its_bound_to_the_precision(tmp_pat
             # so allow what mixing two variants' budgets can add
             assert 0 < got.sequential_lb_se_ms <= math.sqrt(2) * target * got.sequential_lb_ms
             assert got.sequential_lb_ms == pytest.approx(sum(t.best_ms for t in got.layers))
-        # everything is in the database now: a second analysis measures nothing new
+        # a second analysis on the same database takes the whole models from it (each one's
+        # goal depends on its own time only); a layer is measured again only where its goal
+        # moved past it (its budget is a share of the bound, which moves when a later model
+        # re-measures a shared term, the empty model)
         again, wholes_again = analyzer.precise_times(irs, benchers, target)
-        assert wholes_again == wholes and again.best == times.best
+        assert wholes_again == wholes and not again.imprecise
+        assert again.best.keys() == times.best.keys()
     finally:
         db.close()
 
