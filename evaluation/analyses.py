@@ -9,6 +9,7 @@ body.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -581,7 +582,14 @@ def _estimate_json(m: Any) -> dict[str, Any]:
 
 
 def _plus_minus(value: float, se: float) -> str:
-    return f"{value:.2f} +-{Z95 * se:.2f}"
+    """``value +- half-width`` of its 95% interval, in two decimals, or as many more (at most
+    four) as the half-width needs to show a significant digit: a 4 us interval on a 0.1 ms
+    fusion chain reads ``0.100 +-0.004``, not ``0.10 +-0.00``."""
+    half = Z95 * se
+    decimals = 2
+    if 0 < half < 0.01:
+        decimals = min(4, -math.floor(math.log10(half)))
+    return f"{value:.{decimals}f} +-{half:.{decimals}f}"
 
 
 def _interval(value: float, se: float) -> list[float]:

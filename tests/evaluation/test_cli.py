@@ -135,3 +135,13 @@ def test_lowerbound_follows_the_precision_and_says_quick(
     low, high = m["measured_ci_ms"]
     # the interval asked: +-5% of the time at most (the whole model reached its precision)
     assert m["precise"] and (high - low) / 2 <= 0.05 * m["measured_ms"]
+
+
+def test_an_interval_shows_a_significant_digit() -> None:
+    from trims.evaluation.analyses import _plus_minus
+
+    assert _plus_minus(4.57, 0.025) == "4.57 +-0.05"  # two decimals where they suffice
+    # a 4 us half-width on a 0.1 ms chain: three decimals, not "0.10 +-0.00"
+    assert _plus_minus(0.1, 0.002) == "0.100 +-0.004"
+    assert _plus_minus(0.1, 0.0) == "0.10 +-0.00"  # nothing to show
+    assert _plus_minus(0.1, 1e-7) == "0.1000 +-0.0000"  # at most four
