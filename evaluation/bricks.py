@@ -12,7 +12,6 @@ latencies less the fixed per-run overhead each brick run paid and the whole mode
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 
     from trims.evaluation.generator import Bencher, Benchmark
     from trims.evaluation.ir import ModelIR
-    from trims.evaluation.ort_backend import LayoutEnds
+    from trims.evaluation.ort_backend import Conversions
 
 
 #: a brick holds at most one run of these: a new one starts a new brick, so repeated
@@ -159,18 +158,43 @@ def reconstruct(
     return sum(times_ms[b.signature] for b in bricks) - (len(bricks) - 1) * overhead_ms - layout_ms
 
 
-def boundary_conversions(
-    bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]
-) -> list[tuple[int, ...]]:
-    """Shapes of the tensors at brick boundaries that the bricks convert out of and back into
-    ONNX Runtime's blocked layout (one brick converts its output, the next its input), where
-    the whole model keeps the blocked layout and converts nothing."""
-    shapes: list[tuple[int, ...]] = []
-    for before, after in itertools.pairwise(bricks):
-        a, b = layouts.get(before.signature), layouts.get(after.signature)
-        if a is not None and b is not None and a.converts_output and b.converts_input:
-            shapes.append(a.output_shape)
-    return shapes
+def whole_key(model: str) -> str:
+    """The study's (and the conversions') key for ``model`` measured whole."""
+    return f"model:{model}"
+
+
+def extra_conversions(
+    bricks: list[Brick], conversions: Mapping[str, Conversions]
+) -> dict[str, float]:
+    """Per tensor shape (:func:`reorder_key`), the layout round trips the bricks made beyond
+    the whole model's: what the estimate takes away.
+
+    The conversions every brick made, less the whole model's (all profiled on their first run,
+    :func:`~trims.evaluation.ort_backend.profiled_runner`), counted per shape, half a round trip
+    for each single ``ReorderInput`` or ``ReorderOutput``. A boundary where the brick before
+    converts out of the blocked layout and the brick after converts back in is one round trip
+    the model never makes; a conversion inside a brick (ShuffleNet's units convert around their
+    depthwise convolution, on tensors of the brick's own input and output shape) is one the
+    model makes too and cancels; where the model converts where its bricks do not (a
+    DenseNet's concatenations), the count is negative and the estimate gains it. Nothing is
+    known, and nothing is taken away, when the whole model or any brick was not profiled (a
+    framework other than ONNX Runtime).
+    """
+    if not bricks:
+        return {}
+    whole = conversions.get(whole_key(bricks[0].model))
+    if whole is None or any(b.signature not in conversions for b in bricks):
+        return {}
+    net: Counter[tuple[str, tuple[int, ...]]] = Counter()
+    for brick in bricks:
+        net.update(conversions[brick.signature])
+    net.subtract(whole)
+    trips: dict[str, float] = {}
+    for (_, shape), n in sorted(net.items()):
+        if n and len(shape) == 4:
+            key = reorder_key(shape)
+            trips[key] = trips.get(key, 0.0) + n / 2
+    return {key: n for key, n in trips.items() if n}
 
 
 def reorder_key(shape: tuple[int, ...]) -> str:
@@ -283,29 +307,38 @@ class BrickStudy:
         return whole / self.unique_bricks_ms if self.unique_bricks_ms > 0 else math.inf
 
 
-def terms(bricks: list[Brick], layouts: Mapping[str, LayoutEnds | None]) -> Counter[str]:
+def terms(bricks: list[Brick], conversions: Mapping[str, Conversions]) -> dict[str, float]:
     """What a model's estimate is made of: unique bricks, conversions and the empty model,
-    each with how many times it counts (:func:`~trims.evaluation.rounds.budgets`)."""
-    counts = Counter(b.signature for b in bricks)
-    counts.update(reorder_key(shape) for shape in boundary_conversions(bricks, layouts))
-    if len(bricks) > 1:
-        counts[EMPTY] = len(bricks) - 1
+    each with its coefficient (:func:`~trims.evaluation.rounds.budgets`; the sign says whether
+    it is added or taken away, only its size matters to the precision).
+
+    ``E = sum_i c_i t_i - (n - 1) o - sum_s m_s (r_s - o)``: a conversion benchmark's run
+    paid the fixed cost ``o`` too, so the empty model's coefficient is ``(n - 1) - sum_s m_s``.
+    """
+    counts: dict[str, float] = dict(Counter(b.signature for b in bricks))
+    trips = extra_conversions(bricks, conversions)
+    counts.update(trips)
+    empty = len(bricks) - 1 - sum(trips.values())
+    if empty:
+        counts[EMPTY] = empty
     return counts
 
 
 def estimate(
     name: str,
     bricks: list[Brick],
-    layouts: Mapping[str, LayoutEnds | None],
+    conversions: Mapping[str, Conversions],
     results: Mapping[str, Measurement],
     whole: Measurement,
     precise: bool = True,
 ) -> BrickEstimate:
     """The model's brick estimate with its standard error, against its measurement."""
-    counts = terms(bricks, layouts)
+    counts = terms(bricks, conversions)
     times = {key: results[key].trimmed_mean_ms for key in counts}
     overhead = results[EMPTY].trimmed_mean_ms
-    layout = sum(times[key] * c for key, c in counts.items() if key.startswith("reorder:"))
+    layout = sum(
+        (times[key] - overhead) * m for key, m in counts.items() if key.startswith("reorder:")
+    )
     value = reconstruct(bricks, times, overhead, layout)
     variance = sum((c * results[key].std_error_ms) ** 2 for key, c in counts.items())
     return BrickEstimate(
@@ -334,12 +367,13 @@ def study(
     Each model's time, measured whole and estimated from bricks, is measured until its standard
     error is at most ``target_rel`` of it. A model's estimate (:func:`estimate`) is made of its
     unique bricks, the empty model (the fixed cost of a run, subtracted once per extra brick)
-    and the layout conversions at its brick boundaries (:func:`boundary_conversions`), each a
-    benchmark of its own; :func:`budgets` splits the model's precision among them, so the
-    estimate meets the same ``target_rel`` as the whole measurement.
+    and the layout round trips its bricks made beyond the whole model's
+    (:func:`extra_conversions`), each a benchmark of its own; :func:`budgets` splits the
+    model's precision among them, so the estimate meets the same ``target_rel`` as the whole
+    measurement.
 
-    Per model: the whole model, its new bricks (every granularity; each profiled on its first,
-    warm-up run to learn its layout conversions) and the new conversions are opened and
+    Per model: the whole model and its new bricks (every granularity; each profiled on its
+    first, warm-up run to learn its layout conversions) and the new conversions are opened and
     piloted (``min_reps`` runs), then measured in interleaved rounds
     (:meth:`~trims.evaluation.rounds.Rounds.run`).
     Bricks equal across granularities and models are one benchmark and one database row; each
@@ -349,16 +383,17 @@ def study(
     from trims.evaluation import generator
 
     state = Rounds()
-    layouts: dict[str, LayoutEnds | None] = {}
+    conversions: dict[str, Conversions] = {}
 
-    def open_brick(key: str, bench: Benchmark) -> None:
-        """A brick's term, its first (warm-up) run profiled for its layout conversions."""
+    def open_profiled(key: str, bench: Benchmark) -> None:
+        """A brick's or whole model's term, its first (warm-up) run profiled for its layout
+        conversions."""
         if key in state.terms:
             return
         if bencher.framework != "onnxruntime":
             state.open(key, bench, bencher)
             return
-        sampler, layouts[key] = bencher.open_profiled(bench)
+        sampler, conversions[key] = bencher.open_profiled(bench)
         state.open(key, bench, bencher, sampler)
 
     state.open(EMPTY, generator.empty_benchmark(), bencher)
@@ -367,50 +402,49 @@ def study(
     for ir in progress(irs, "models"):
         # loading the weights into memory is preparation both sides share, like loading the model
         weights = submodel.weights(ir) if bencher.framework == "onnxruntime" else None
-        whole_key = f"model:{ir.name}"
-        state.open(whole_key, generator.model_benchmark(ir, weights), bencher)
+        whole = whole_key(ir.name)
+        open_profiled(whole, generator.model_benchmark(ir, weights))
         for g in granularities:
             for brick in per_g[g][ir.name]:
-                open_brick(brick.signature, _benchmark(ir, brick, weights))
+                open_profiled(brick.signature, _benchmark(ir, brick, weights))
         for g in granularities:
-            for shape in boundary_conversions(per_g[g][ir.name], layouts):
-                state.open(reorder_key(shape), _reorder_benchmark(shape), bencher)
+            for key in extra_conversions(per_g[g][ir.name], conversions):
+                state.open(key, _reorder_benchmark(key), bencher)
 
-        def goals(ir: ModelIR = ir, whole_key: str = whole_key) -> dict[str, float]:
+        def goals(ir: ModelIR = ir, whole: str = whole) -> dict[str, float]:
             current = {key: term.current() for key, term in state.terms.items()}
-            asked = {whole_key: target_rel * current[whole_key].trimmed_mean_ms}
+            asked = {whole: target_rel * current[whole].trimmed_mean_ms}
             for g in granularities:
                 bricks = per_g[g][ir.name]
-                counts = terms(bricks, layouts)
-                value = estimate(ir.name, bricks, layouts, current, current[whole_key])
+                counts = terms(bricks, conversions)
+                value = estimate(ir.name, bricks, conversions, current, current[whole])
                 for key, se in budgets(counts, value.estimated_ms, target_rel).items():
                     asked[key] = min(se, asked.get(key, math.inf))
             return asked
 
         state.run(goals)
         state.close()
-        whole_precise[ir.name] = whole_key not in state.imprecise
+        whole_precise[ir.name] = whole not in state.imprecise
     out: list[BrickStudy] = []
     results = state.results()
     for g in granularities:
         per_model = per_g[g]
         models = []
-        needed: Counter[str] = Counter()
+        needed: set[str] = {EMPTY}
         for ir in irs:
-            counts = terms(per_model[ir.name], layouts)
+            counts = terms(per_model[ir.name], conversions)
             needed.update(counts)
             precise = whole_precise[ir.name] and not (set(counts) & state.imprecise)
             models.append(
                 estimate(
                     ir.name,
                     per_model[ir.name],
-                    layouts,
+                    conversions,
                     results,
-                    results[f"model:{ir.name}"],
+                    results[whole_key(ir.name)],
                     precise,
                 )
             )
-        needed[EMPTY] = 1
         bricks_only = [k for k in needed if k != EMPTY and not k.startswith("reorder:")]
         out.append(
             BrickStudy(
@@ -418,7 +452,7 @@ def study(
                 models=models,
                 unique_bricks=len(bricks_only),
                 total_bricks=sum(len(b) for b in per_model.values()),
-                time_whole_s=sum(results[f"model:{ir.name}"].elapsed_s for ir in irs),
+                time_whole_s=sum(results[whole_key(ir.name)].elapsed_s for ir in irs),
                 time_bricks_s=sum(results[k].elapsed_s for k in needed),
                 unique_bricks_ms=sum(results[k].trimmed_mean_ms for k in bricks_only),
             )
@@ -436,10 +470,11 @@ def _benchmark(ir: ModelIR, brick: Brick, weights: Mapping[str, np.ndarray] | No
     )
 
 
-def _reorder_benchmark(shape: tuple[int, ...]) -> Benchmark:
+def _reorder_benchmark(key: str) -> Benchmark:
+    """The round-trip benchmark named ``key`` (:func:`reorder_key`)."""
     from trims.evaluation import generator
 
-    key = reorder_key(shape)
+    shape = tuple(int(d) for d in key.removeprefix("reorder:").split("x"))
     return generator.Benchmark(
         "layout", key, f"NCHW -> NCHWc -> NCHW {key[8:]}", lambda: ort_backend.reorder_model(shape)
     )

@@ -247,8 +247,8 @@ class Bencher:
         fn = self._runner(bench.build(), bench.label, bench.weights)
         return Sampler(fn, self.settings, setup_s=clock() - start)
 
-    def open_profiled(self, bench: Benchmark) -> tuple[Sampler, ort_backend.LayoutEnds]:
-        """:meth:`open` for ONNX Runtime, plus the layout conversions at the benchmark's ends
+    def open_profiled(self, bench: Benchmark) -> tuple[Sampler, ort_backend.Conversions]:
+        """:meth:`open` for ONNX Runtime, plus the layout conversions one run makes
         (:func:`~trims.evaluation.ort_backend.profiled_runner`: its profiled first run is the
         first warm-up run)."""
         if self.framework != "onnxruntime":

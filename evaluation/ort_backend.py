@@ -7,6 +7,7 @@ session run only: no input conversion and no output copy into NumPy.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,24 +137,9 @@ def runner(
     return _bound_runner(session(model, variant, name, weights), model)
 
 
-@dataclass(frozen=True)
-class LayoutEnds:
-    """Whether a model converts its input into, and its output out of, a blocked layout.
-
-    With graph optimizations on, ONNX Runtime runs convolutions in its blocked NCHWc layout and
-    inserts ``ReorderInput``/``ReorderOutput`` where a tensor enters or leaves the NCHWc region.
-    A whole model converts once at each end; the same model cut into bricks converts at every
-    boundary where both neighbours compute in NCHWc, work the whole model never does.
-    """
-
-    converts_input: bool
-    converts_output: bool
-    input_shape: tuple[int, ...]
-    output_shape: tuple[int, ...]
-
-
-def _dims(value: onnx.ValueInfoProto) -> tuple[int, ...]:
-    return tuple(max(d.dim_value, 1) for d in value.type.tensor_type.shape.dim)
+#: the layout conversions one run of a model made: ``("ReorderInput" | "ReorderOutput", NCHW
+#: shape)`` -> how many
+Conversions = Counter[tuple[str, tuple[int, ...]]]
 
 
 def profiled_runner(
@@ -161,14 +147,16 @@ def profiled_runner(
     variant: OrtVariant,
     name: str,
     weights: Mapping[str, np.ndarray] | None = None,
-) -> tuple[Callable[[], object], LayoutEnds]:
-    """:func:`runner` plus the layout conversions at the model's ends (:class:`LayoutEnds`).
+) -> tuple[Callable[[], object], Conversions]:
+    """:func:`runner` plus the layout conversions one run of the model makes.
 
-    The session profiles its first run (a warm-up run: never timed), then stops profiling
-    (``end_profiling``), so the runs that follow cost what :func:`runner`'s do. The profile
-    says which kernels ran; a ``ReorderInput`` reading a tensor of the graph input's shape and
-    a ``ReorderOutput`` writing one of the graph output's shape are the conversions at the ends.
-    Only single-input, single-output models (bricks) are classified; others report none.
+    With graph optimizations on, ONNX Runtime runs convolutions in its blocked NCHWc layout and
+    inserts ``ReorderInput``/``ReorderOutput`` where a tensor enters or leaves an NCHWc region:
+    at a model's ends, and inside it wherever an operator that only runs in NCHW (a Reshape, a
+    grouped convolution) sits between blocked ones. The session profiles its first run (a
+    warm-up run: never timed), then stops profiling (``end_profiling``), so the runs that
+    follow cost what :func:`runner`'s do. The profile names every conversion's kernel and the
+    NCHW shape it reads (``ReorderInput``) or writes (``ReorderOutput``).
     """
     import json
     import tempfile
@@ -178,28 +166,22 @@ def profiled_runner(
         run_once = _bound_runner(sess, model)
         run_once()
         events = json.loads(Path(sess.end_profiling()).read_text())
-    graph = model.graph
-    if len(graph.input) != 1 or len(graph.output) != 1:
-        return run_once, LayoutEnds(False, False, (), ())
-    shape_in, shape_out = _dims(graph.input[0]), _dims(graph.output[0])
-    converts_in = converts_out = False
+    found: Conversions = Counter()
     for event in events:
         args = event.get("args", {})
         op = args.get("op_name")
         if event.get("cat") != "Node" or op not in ("ReorderInput", "ReorderOutput"):
             continue
         key = "input_type_shape" if op == "ReorderInput" else "output_type_shape"
-        shapes = [tuple(dims) for entry in args.get(key, []) for dims in entry.values()]
-        if op == "ReorderInput" and shape_in in shapes:
-            converts_in = True
-        if op == "ReorderOutput" and shape_out in shapes:
-            converts_out = True
-    return run_once, LayoutEnds(converts_in, converts_out, shape_in, shape_out)
+        for entry in args.get(key, [])[:1]:
+            for dims in entry.values():
+                found[(op, tuple(int(d) for d in dims))] += 1
+    return run_once, found
 
 
 def reorder_model(shape: tuple[int, ...]) -> onnx.ModelProto:
-    """A tensor of ``shape`` (NCHW) into ONNX Runtime's NCHWc layout and back: the conversion
-    a brick boundary adds (:class:`LayoutEnds`), as its own benchmark."""
+    """A tensor of ``shape`` (NCHW) into ONNX Runtime's NCHWc layout and back: the round trip
+    a brick boundary adds (:data:`Conversions`), as its own benchmark."""
     from onnx import TensorProto, helper
 
     domain = "com.microsoft.nchwc"

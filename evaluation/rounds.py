@@ -22,19 +22,20 @@ if TYPE_CHECKING:
     from trims.evaluation.measure import Measurement, Sampler
 
 
-def budgets(counts: Mapping[str, int], estimate_ms: float, target_rel: float) -> dict[str, float]:
+def budgets(counts: Mapping[str, float], estimate_ms: float, target_rel: float) -> dict[str, float]:
     """Per independent term of an estimate, the standard error (ms) its measurement may keep.
 
     An estimate ``E = sum_k c_k t_k`` over ``u`` independently measured terms ``k`` (a unique
     brick or layer with ``c_k`` occurrences; the empty model with as many as the runs it is
-    subtracted for; a conversion with as many as the boundaries that pay it; signs do not
-    matter) has ``SE(E)^2 = sum_k c_k^2 s_k^2``. Asking ``c_k s_k <= target_rel * E / sqrt(u)``
-    of every term gives ``SE(E) <= target_rel * E``: the precision a whole-model measurement is
-    asked for. A term with share ``p_k = c_k t_k / E`` needs ``s_k / t_k <= target_rel / (p_k
-    sqrt(u))``: the smaller its share, the looser its precision and the sooner it stops.
+    subtracted for; a conversion with the round trips the bricks made beyond the whole
+    model's, a half for each single conversion; signs do not matter) has ``SE(E)^2 = sum_k
+    c_k^2 s_k^2``. Asking ``|c_k| s_k <= target_rel * E / sqrt(u)`` of every term gives
+    ``SE(E) <= target_rel * E``: the precision a whole-model measurement is asked for. A term
+    with share ``p_k = |c_k| t_k / E`` needs ``s_k / t_k <= target_rel / (p_k sqrt(u))``: the
+    smaller its share, the looser its precision and the sooner it stops.
     """
     share = target_rel * max(estimate_ms, 0.0) / math.sqrt(max(len(counts), 1))
-    return {key: share / c for key, c in counts.items() if c > 0}
+    return {key: share / abs(c) for key, c in counts.items() if c}
 
 
 @dataclass
