@@ -197,9 +197,11 @@ class Sampler:
 
     @property
     def capped(self) -> bool:
-        """Whether the run or time budget (:class:`MeasureSettings`) is spent."""
-        s = self.settings
-        return len(self.samples) >= s.max_reps or self.elapsed_s >= s.max_time_s
+        """Whether the run or time budget (:class:`MeasureSettings`) is spent; the time budget
+        only once ``min_reps`` runs are timed (a session whose creation alone took the budget
+        still gets them: a measurement needs runs)."""
+        s, n = self.settings, len(self.samples)
+        return n >= s.max_reps or (n >= s.min_reps and self.elapsed_s >= s.max_time_s)
 
     def run_more(self, runs: int) -> None:
         """Time ``runs`` more runs (fewer if the run or time budget runs out first).

@@ -163,6 +163,18 @@ def test_a_round_after_another_samplers_runs_starts_with_an_untimed_run() -> Non
     assert math.isclose(a.elapsed_s, a.setup_s + a._runs.spent_s)
 
 
+def test_a_sampler_whose_setup_spent_the_time_budget_still_times_its_minimum_runs() -> None:
+    # a whole model whose session took longer than the budget (squeezenet under a 0.05 s
+    # budget on a slow day) had no runs, and summarizing it failed
+    settings = MeasureSettings(warmup=1, min_reps=3, max_reps=100, max_time_s=0.05)
+    sampler = Sampler(lambda: None, settings, setup_s=0.2)
+    assert not sampler.capped
+    sampler.run_more(3)
+    assert len(sampler.samples) == 3 and sampler.capped
+    sampler.run_more(3)
+    assert len(sampler.samples) == 3 and sampler.measurement().reps == 3
+
+
 def test_a_capped_sampler_is_not_rewarmed() -> None:
     calls: list[int] = []
     settings = MeasureSettings(warmup=0, min_reps=1, max_reps=2, max_time_s=math.inf)
