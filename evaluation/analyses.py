@@ -576,6 +576,7 @@ def _estimate_json(m: Any) -> dict[str, Any]:
         "raw_ms": m.raw_ms,
         "overhead_ms": m.overhead_ms,
         "layout_ms": m.layout_ms,
+        "floor_ms": m.floor_ms,
         "correction_pct": m.correction_pct,
         "precise": m.precise,
     }

@@ -7,13 +7,17 @@ most G layers (a segment longer than G is a brick by itself), and a segment that
 Conv/Gemm starts a new brick when the current one already has one. Bricks with the same
 :func:`~trims.evaluation.submodel.group_signature` (same ops, shapes and wiring) are benchmarked
 once across the whole model set. A model's latency is reconstructed as the sum of its bricks'
-latencies less the fixed per-run overhead each brick run paid and the whole model pays once.
+latencies less the fixed per-run overhead each brick run paid and the whole model pays once,
+less the layout round trips the bricks made and the model does not, each brick's time raised
+to the time its weights take to stream from memory where the model's working set leaves them
+there (:class:`Floors`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -151,11 +155,17 @@ def unique_bricks(per_model: dict[str, list[Brick]]) -> dict[str, Brick]:
 
 
 def reconstruct(
-    bricks: list[Brick], times_ms: Mapping[str, float], overhead_ms: float, layout_ms: float = 0.0
+    bricks: list[Brick],
+    times_ms: Mapping[str, float],
+    overhead_ms: float,
+    layout_ms: float = 0.0,
+    floor_ms: float = 0.0,
 ) -> float:
     """Estimated model latency: brick times less the fixed cost each brick run paid beyond the
-    one the whole model pays, less the layout conversions the bricks did at their boundaries."""
-    return sum(times_ms[b.signature] for b in bricks) - (len(bricks) - 1) * overhead_ms - layout_ms
+    one the whole model pays, less the layout conversions the bricks did at their boundaries,
+    plus what the weight-stream floors raised brick times by (:class:`Floors`)."""
+    raw = sum(times_ms[b.signature] for b in bricks)
+    return raw - (len(bricks) - 1) * overhead_ms - layout_ms + floor_ms
 
 
 def whole_key(model: str) -> str:
@@ -195,6 +205,114 @@ def extra_conversions(
             key = reorder_key(shape)
             trips[key] = trips.get(key, 0.0) + n / 2
     return {key: n for key, n in trips.items() if n}
+
+
+@dataclass(frozen=True)
+class WeightStream:
+    """A model's weight matrices read once each, back to back (:func:`weight_stream`)."""
+
+    model: str
+    #: streamed initializer -> its (rows, columns): the first dimension by the rest
+    tensors: tuple[tuple[str, tuple[int, int]], ...]
+
+    @property
+    def key(self) -> str:
+        """The study's and results database's name: the shapes streamed, not the model."""
+        shapes = ";".join(f"{r}x{c}" for _, (r, c) in self.tensors)
+        return "stream:" + hashlib.sha256(shapes.encode()).hexdigest()[:16]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(4 * r * c for _, (r, c) in self.tensors)
+
+
+def weight_stream(ir: ModelIR) -> WeightStream | None:
+    """The model's float weights of two or more dimensions as one stream, or None if it has
+    none (those :func:`~trims.evaluation.submodel.weights` holds: biases and small tensors,
+    a negligible share of the bytes, are left out)."""
+    from onnx import TensorProto
+
+    tensors = tuple(
+        (t.name, (int(t.dims[0]), math.prod(int(d) for d in t.dims[1:])))
+        for t in ir.model.graph.initializer
+        if t.data_type == TensorProto.FLOAT
+        and len(t.dims) >= 2
+        and 4 * math.prod(t.dims) >= submodel.EXTERNAL_MIN_BYTES
+    )
+    return WeightStream(ir.name, tensors) if tensors else None
+
+
+@dataclass(frozen=True)
+class Floors:
+    """How long a model's bricks take at least, reading their weights at the rate the whole
+    model's working set streams at.
+
+    Run back to back, a brick finds part of its weights still cached from its previous run;
+    inside the model every other layer's weights and activations pass through the caches
+    between two runs of it, so a model whose weights outgrow the caches reads each layer's from
+    memory (AlexNet's classifier, 231 of its 233 MiB of weights: fc6, fc7 and fc8 at 14 GB/s
+    in the model, up to 26 GB/s as bricks, on the machine it was found on). The stream benchmark
+    (:func:`~trims.evaluation.ort_backend.stream_model`) times one pass over all the model's
+    weight matrices in one run: ``t_s``, a run's fixed cost ``o`` included. A brick whose
+    weights are a share ``p`` of the streamed bytes takes at least ``o + p (t_s - o)``: a
+    roofline bound at the bandwidth measured for the model's own working set, in the model's
+    own framework and threads. Convolutions, which reuse their weights, sit far above it; the
+    fully connected layers of a batch-1 model sit on it.
+    """
+
+    #: the stream benchmark's key (:attr:`WeightStream.key`)
+    key: str
+    #: brick signature -> its weights' share of the streamed bytes (bricks with weights only)
+    share: Mapping[str, float]
+
+    def binding(self, results: Mapping[str, Measurement]) -> dict[str, float]:
+        """The shares of the bricks whose floor is above their measured time."""
+        stream = results.get(self.key)
+        if stream is None:
+            return {}
+        o = results[EMPTY].trimmed_mean_ms
+        one_pass = stream.trimmed_mean_ms - o
+        return {
+            sig: p
+            for sig, p in self.share.items()
+            if p * one_pass > results[sig].trimmed_mean_ms - o
+        }
+
+
+#: models whose weights' sizes are within this factor of each other share one stream
+#: benchmark, the first one's (:func:`shared_stream`)
+STREAM_SHARING = math.sqrt(2.0)
+
+
+def shared_stream(stream: WeightStream, opened: Iterable[WeightStream]) -> WeightStream:
+    """The stream benchmark that stands for ``stream``: the first of ``opened`` whose size is
+    within :data:`STREAM_SHARING` of it, else ``stream`` itself.
+
+    The rate a working set streams at moves slowly with its size (measured on the machine the
+    floors were found on: 17.3 GB/s at 128 MiB, 14.7 at 256 and at 512), while a stream's runs
+    cost its whole size each; families of models share one (the four VGGs, 507-548 MiB).
+    """
+    for other in opened:
+        if max(stream.nbytes, other.nbytes) <= STREAM_SHARING * min(stream.nbytes, other.nbytes):
+            return other
+    return stream
+
+
+def floors(
+    ir: ModelIR, bricks: list[Brick], stream: WeightStream, measured: WeightStream | None = None
+) -> Floors:
+    """Each brick's weights (those of ``stream``, the model's own) as a share of the bytes
+    ``measured`` (the benchmark that stands for it, :func:`shared_stream`; by default itself)
+    reads: a brick's floor is that share of the measured pass."""
+    measured = measured or stream
+    nbytes = {name: 4 * r * c for name, (r, c) in stream.tensors}
+    share: dict[str, float] = {}
+    for brick in bricks:
+        names = {name for i in brick.indices for name, _ in ir.layers[i].params}
+        mine = sum(nbytes.get(name, 0) for name in names)
+        if mine:
+            share.setdefault(brick.signature, mine / measured.nbytes)
+    return Floors(measured.key, share)
 
 
 def reorder_key(shape: tuple[int, ...]) -> str:
@@ -250,6 +368,8 @@ class BrickEstimate:
     overhead_ms: float = 0.0
     #: the boundary layout conversions subtracted
     layout_ms: float = 0.0
+    #: what the weight-stream floors added (:class:`Floors`)
+    floor_ms: float = 0.0
     #: both sides reached the precision asked before any time or run budget ran out
     precise: bool = True
 
@@ -270,8 +390,10 @@ class BrickEstimate:
 
     @property
     def correction_pct(self) -> float:
-        """How much of the raw brick sum the corrections took away, in percent of it."""
-        return 100.0 * (self.overhead_ms + self.layout_ms) / self.raw_ms if self.raw_ms else 0.0
+        """How much of the raw brick sum the corrections took away, net, in percent of it
+        (negative where the floors added more than the fixed costs and conversions took)."""
+        net = self.overhead_ms + self.layout_ms - self.floor_ms
+        return 100.0 * net / self.raw_ms if self.raw_ms else 0.0
 
     def verdict(self, limit_pct: float = 10.0) -> str:
         """``within`` / ``outside`` ``limit_pct`` with 95% confidence, else ``straddles``."""
@@ -307,21 +429,40 @@ class BrickStudy:
         return whole / self.unique_bricks_ms if self.unique_bricks_ms > 0 else math.inf
 
 
-def terms(bricks: list[Brick], conversions: Mapping[str, Conversions]) -> dict[str, float]:
-    """What a model's estimate is made of: unique bricks, conversions and the empty model,
-    each with its coefficient (:func:`~trims.evaluation.rounds.budgets`; the sign says whether
-    it is added or taken away, only its size matters to the precision).
+def terms(
+    bricks: list[Brick],
+    conversions: Mapping[str, Conversions],
+    floors: Floors | None = None,
+    results: Mapping[str, Measurement] | None = None,
+) -> dict[str, float]:
+    """What a model's estimate is made of: ``E = sum_k c_k t_k`` over unique bricks,
+    conversions, the weight stream and the empty model, with signed coefficients ``c_k``
+    (:func:`~trims.evaluation.rounds.budgets` uses their size).
 
-    ``E = sum_i c_i t_i - (n - 1) o - sum_s m_s (r_s - o)``: a conversion benchmark's run
-    paid the fixed cost ``o`` too, so the empty model's coefficient is ``(n - 1) - sum_s m_s``.
+    A brick met ``c`` times counts ``c``; the fixed cost ``o`` is taken away ``n - 1`` times
+    for ``n`` bricks; a conversion benchmark ``r_s`` made ``m_s`` extra round trips counts
+    ``-m_s`` and gives back the ``m_s`` fixed costs its own runs paid. A brick held up by its
+    floor (:meth:`Floors.binding`, from ``results``) counts as ``o + p (t_s - o)``: share
+    ``p`` of the stream and ``1 - p`` of a fixed cost, nothing of its own time.
     """
-    counts: dict[str, float] = dict(Counter(b.signature for b in bricks))
-    trips = extra_conversions(bricks, conversions)
-    counts.update(trips)
-    empty = len(bricks) - 1 - sum(trips.values())
-    if empty:
-        counts[EMPTY] = empty
-    return counts
+    counts: defaultdict[str, float] = defaultdict(float)
+    bound: dict[str, float] = {}
+    stream = ""
+    if floors is not None and results is not None:
+        bound, stream = floors.binding(results), floors.key
+    empty = 1.0 - len(bricks)
+    for brick in bricks:
+        p = bound.get(brick.signature)
+        if p is None:
+            counts[brick.signature] += 1
+        else:
+            counts[stream] += p
+            empty += 1.0 - p
+    for key, m in extra_conversions(bricks, conversions).items():
+        counts[key] -= m
+        empty += m
+    counts[EMPTY] += empty
+    return {key: c for key, c in counts.items() if abs(c) > 1e-12}
 
 
 def estimate(
@@ -331,26 +472,36 @@ def estimate(
     results: Mapping[str, Measurement],
     whole: Measurement,
     precise: bool = True,
+    floors: Floors | None = None,
 ) -> BrickEstimate:
     """The model's brick estimate with its standard error, against its measurement."""
-    counts = terms(bricks, conversions)
-    times = {key: results[key].trimmed_mean_ms for key in counts}
-    overhead = results[EMPTY].trimmed_mean_ms
+    counts = terms(bricks, conversions, floors, results)
+    times = {key: m.trimmed_mean_ms for key, m in results.items()}
+    overhead = times[EMPTY]
     layout = sum(
-        (times[key] - overhead) * m for key, m in counts.items() if key.startswith("reorder:")
+        (times[key] - overhead) * -c for key, c in counts.items() if key.startswith("reorder:")
     )
-    value = reconstruct(bricks, times, overhead, layout)
+    floor = 0.0
+    if floors is not None:
+        one_pass = times[floors.key] - overhead
+        bound = floors.binding(results)
+        floor = sum(
+            overhead + bound[b.signature] * one_pass - times[b.signature]
+            for b in bricks
+            if b.signature in bound
+        )
     variance = sum((c * results[key].std_error_ms) ** 2 for key, c in counts.items())
     return BrickEstimate(
         name=name,
         measured_ms=whole.trimmed_mean_ms,
-        estimated_ms=value,
+        estimated_ms=reconstruct(bricks, times, overhead, layout, floor),
         bricks=len(bricks),
         measured_se_ms=whole.std_error_ms,
         estimated_se_ms=math.sqrt(variance),
         raw_ms=sum(times[b.signature] for b in bricks),
         overhead_ms=(len(bricks) - 1) * overhead,
         layout_ms=layout,
+        floor_ms=floor,
         precise=precise,
     )
 
@@ -367,18 +518,18 @@ def study(
     Each model's time, measured whole and estimated from bricks, is measured until its standard
     error is at most ``target_rel`` of it. A model's estimate (:func:`estimate`) is made of its
     unique bricks, the empty model (the fixed cost of a run, subtracted once per extra brick)
-    and the layout round trips its bricks made beyond the whole model's
-    (:func:`extra_conversions`), each a benchmark of its own; :func:`budgets` splits the
-    model's precision among them, so the estimate meets the same ``target_rel`` as the whole
-    measurement.
+    the layout round trips its bricks made beyond the whole model's
+    (:func:`extra_conversions`) and, with ONNX Runtime, its weight stream (:class:`Floors`),
+    each a benchmark of its own; :func:`budgets` splits the model's precision among them, so
+    the estimate meets the same ``target_rel`` as the whole measurement.
 
     Per model: the whole model and its new bricks (every granularity; each profiled on its
-    first, warm-up run to learn its layout conversions) and the new conversions are opened and
-    piloted (``min_reps`` runs), then measured in interleaved rounds
+    first, warm-up run to learn its layout conversions), its weight stream and the new
+    conversions are opened and piloted (``min_reps`` runs), then measured in interleaved rounds
     (:meth:`~trims.evaluation.rounds.Rounds.run`).
     Bricks equal across granularities and models are one benchmark and one database row; each
-    granularity's benchmarking time counts every brick, conversion and empty-model benchmark it
-    needs, from export to the last timed run.
+    granularity's benchmarking time counts every brick, conversion, weight-stream and
+    empty-model benchmark it needs, from export to the last timed run.
     """
     from trims.evaluation import generator
 
@@ -398,6 +549,8 @@ def study(
 
     state.open(EMPTY, generator.empty_benchmark(), bencher)
     per_g = {g: {ir.name: decompose(ir, g) for ir in irs} for g in granularities}
+    floors_of: dict[int, dict[str, Floors]] = {g: {} for g in granularities}
+    streams: list[WeightStream] = []
     whole_precise: dict[str, bool] = {}
     for ir in progress(irs, "models"):
         # loading the weights into memory is preparation both sides share, like loading the model
@@ -407,6 +560,14 @@ def study(
         for g in granularities:
             for brick in per_g[g][ir.name]:
                 open_profiled(brick.signature, _benchmark(ir, brick, weights))
+        stream = weight_stream(ir) if weights is not None else None
+        if stream is not None and weights is not None:
+            measured = shared_stream(stream, streams)
+            if measured is stream:
+                streams.append(stream)
+                state.open(stream.key, _stream_benchmark(stream, weights), bencher)
+            for g in granularities:
+                floors_of[g][ir.name] = floors(ir, per_g[g][ir.name], stream, measured)
         for g in granularities:
             for key in extra_conversions(per_g[g][ir.name], conversions):
                 state.open(key, _reorder_benchmark(key), bencher)
@@ -415,9 +576,9 @@ def study(
             current = {key: term.current() for key, term in state.terms.items()}
             asked = {whole: target_rel * current[whole].trimmed_mean_ms}
             for g in granularities:
-                bricks = per_g[g][ir.name]
-                counts = terms(bricks, conversions)
-                value = estimate(ir.name, bricks, conversions, current, current[whole])
+                bricks, under = per_g[g][ir.name], floors_of[g].get(ir.name)
+                counts = terms(bricks, conversions, under, current)
+                value = estimate(ir.name, bricks, conversions, current, current[whole], True, under)
                 for key, se in budgets(counts, value.estimated_ms, target_rel).items():
                     asked[key] = min(se, asked.get(key, math.inf))
             return asked
@@ -430,22 +591,19 @@ def study(
     for g in granularities:
         per_model = per_g[g]
         models = []
-        needed: set[str] = {EMPTY}
+        bricks_only = {b.signature for bricks in per_model.values() for b in bricks}
+        # every benchmark the estimates needed, whether or not it ended up in one (a stream
+        # whose floors bind nowhere, a brick held up by its floor)
+        needed = {EMPTY, *bricks_only, *(f.key for f in floors_of[g].values())}
         for ir in irs:
-            counts = terms(per_model[ir.name], conversions)
+            under = floors_of[g].get(ir.name)
+            counts = terms(per_model[ir.name], conversions, under, results)
             needed.update(counts)
             precise = whole_precise[ir.name] and not (set(counts) & state.imprecise)
+            whole = results[whole_key(ir.name)]
             models.append(
-                estimate(
-                    ir.name,
-                    per_model[ir.name],
-                    conversions,
-                    results,
-                    results[whole_key(ir.name)],
-                    precise,
-                )
+                estimate(ir.name, per_model[ir.name], conversions, results, whole, precise, under)
             )
-        bricks_only = [k for k in needed if k != EMPTY and not k.startswith("reorder:")]
         out.append(
             BrickStudy(
                 granularity=g,
@@ -467,6 +625,20 @@ def _benchmark(ir: ModelIR, brick: Brick, weights: Mapping[str, np.ndarray] | No
     external = frozenset(weights or ())
     return generator.Benchmark(
         "brick", brick.signature, label, lambda: export(ir, brick, external), weights
+    )
+
+
+def _stream_benchmark(stream: WeightStream, weights: Mapping[str, np.ndarray]) -> Benchmark:
+    """``stream`` as a benchmark over the model's own arrays (two-dimensional views)."""
+    from trims.evaluation import generator
+
+    shapes = [shape for _, shape in stream.tensors]
+    views = {
+        f"w{i}": weights[name].reshape(shape) for i, (name, shape) in enumerate(stream.tensors)
+    }
+    label = f"{stream.model} weights streamed ({stream.nbytes / 2**20:.1f} MiB)"
+    return generator.Benchmark(
+        "stream", stream.key, label, lambda: ort_backend.stream_model(shapes), views
     )
 
 

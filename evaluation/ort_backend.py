@@ -1,14 +1,15 @@
 """ONNX Runtime backend: turn an ONNX model into a zero-argument callable that runs it once.
 
-Inputs are bound once with IOBinding (random data of the right shape), so a timed call is the
-session run only: no input conversion and no output copy into NumPy.
+Inputs are bound once with IOBinding (random data of the right shape, or arrays the caller
+gives), so a timed call is the session run only: no input conversion and no output copy into
+NumPy.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,13 +60,15 @@ def _np_dtype(elem_type: int) -> type[np.generic]:
     return helper.tensor_dtype_to_np_dtype(elem_type).type  # type: ignore[no-any-return]
 
 
-def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random data for every graph input that is not an initializer."""
+def random_inputs(
+    model: onnx.ModelProto, seed: int = 0, skip: Collection[str] = ()
+) -> dict[str, np.ndarray]:
+    """Random data for every graph input that is not an initializer (nor named in ``skip``)."""
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
     feeds: dict[str, np.ndarray] = {}
     for value in model.graph.input:
-        if value.name in inits:
+        if value.name in inits or value.name in skip:
             continue
         tensor = value.type.tensor_type
         shape = tuple(max(d.dim_value, 1) for d in tensor.shape.dim)
@@ -133,8 +136,12 @@ def runner(
     name: str,
     weights: Mapping[str, np.ndarray] | None = None,
 ) -> Callable[[], object]:
-    """A callable that runs ``model`` once on bound random inputs (``weights``: see session)."""
-    return _bound_runner(session(model, variant, name, weights), model)
+    """A callable that runs ``model`` once on bound random inputs.
+
+    ``weights`` gives the data of the initializers the model leaves out of band (see
+    :func:`session`) and of any graph input it names (bound in place: :func:`stream_model`).
+    """
+    return _bound_runner(session(model, variant, name, weights), model, weights)
 
 
 #: the layout conversions one run of a model made: ``("ReorderInput" | "ReorderOutput", NCHW
@@ -163,7 +170,7 @@ def profiled_runner(
 
     with tempfile.TemporaryDirectory(prefix="trims-ort-profile-") as folder:
         sess = session(model, variant, name, weights, profile_prefix=f"{folder}/p")
-        run_once = _bound_runner(sess, model)
+        run_once = _bound_runner(sess, model, weights)
         run_once()
         events = json.loads(Path(sess.end_profiling()).read_text())
     found: Conversions = Counter()
@@ -201,11 +208,42 @@ def reorder_model(shape: tuple[int, ...]) -> onnx.ModelProto:
     return model
 
 
-def _bound_runner(sess: ort.InferenceSession, model: onnx.ModelProto) -> Callable[[], object]:
+def stream_model(shapes: Sequence[tuple[int, int]]) -> onnx.ModelProto:
+    """One vector-matrix product per weight matrix ``w{i}`` of ``shapes`` (rows x columns), all
+    in one run: every weight byte read once, as one inference of a model holding those weights
+    reads it, at the rate memory delivers a working set of their size.
+
+    The matrices are graph inputs, to be bound in place to the model's own arrays
+    (:func:`runner`'s ``weights``, ``{"w0": array, ...}``): no copy, no prepacking, no page
+    faults, so opening it costs next to nothing beside the weights the analysis already holds.
+    """
+    from onnx import TensorProto, helper
+
+    nodes, inputs, outputs = [], [], []
+    for i, (rows, cols) in enumerate(shapes):
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, rows]))
+        inputs.append(helper.make_tensor_value_info(f"w{i}", TensorProto.FLOAT, [rows, cols]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, cols]))
+        nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"]))
+    graph = helper.make_graph(nodes, "weight_stream", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _bound_runner(
+    sess: ort.InferenceSession,
+    model: onnx.ModelProto,
+    weights: Mapping[str, np.ndarray] | None = None,
+) -> Callable[[], object]:
     import onnxruntime as ort
 
     binding = sess.io_binding()
-    feeds = random_inputs(model)
+    # graph inputs the caller gives are bound to its arrays (the OrtValue keeps them alive);
+    # an initializer an older model also lists as an input keeps its own data
+    names = {value.name for value in model.graph.input} - {t.name for t in model.graph.initializer}
+    given = {name: array for name, array in (weights or {}).items() if name in names}
+    feeds = {**random_inputs(model, skip=given), **given}
     for key, value in feeds.items():
         binding.bind_ortvalue_input(key, ort.OrtValue.ortvalue_from_numpy(value))
     for out in sess.get_outputs():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import resource
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,7 +14,8 @@ import pytest
 from tests.evaluation import graphs
 from trims.errors import ValidationError
 from trims.evaluation import bricks, generator, graph, ir, ort_backend, submodel, zoo
-from trims.evaluation.measure import Measurement
+from trims.evaluation.db import ResultsDB
+from trims.evaluation.measure import Measurement, MeasureSettings
 
 
 def _ir(model: onnx.ModelProto, name: str) -> ir.ModelIR:
@@ -167,15 +170,24 @@ def test_round_trips_are_the_bricks_conversions_less_the_models() -> None:
     trips = bricks.extra_conversions(parts, conversions)
     assert trips == {"reorder:1x8x4x4": 1.0, "reorder:1x24x4x4": -0.5}
     counts = bricks.terms(parts, conversions)
-    # 3 extra fixed costs, less the half the conversion benchmark's runs paid themselves
-    assert counts == {"s0": 1, "s1": 1, "s2": 1, "s3": 1, **trips, "empty": 2.5}
+    # the round trips are taken away; 3 extra fixed costs are too, less the half the
+    # conversion benchmark's runs paid themselves
+    assert counts == {
+        "s0": 1,
+        "s1": 1,
+        "s2": 1,
+        "s3": 1,
+        "reorder:1x8x4x4": -1.0,
+        "reorder:1x24x4x4": 0.5,
+        "empty": -2.5,
+    }
     # a model not profiled (another framework), or one brick not: nothing is known
     assert (
         bricks.extra_conversions(parts, {k: v for k, v in conversions.items() if k != "s2"}) == {}
     )
     del conversions["model:m"]
     assert bricks.extra_conversions(parts, conversions) == {}
-    assert bricks.terms(parts, conversions)["empty"] == 3
+    assert bricks.terms(parts, conversions)["empty"] == -3
 
 
 def test_estimate_carries_each_terms_uncertainty() -> None:
@@ -196,6 +208,10 @@ def test_estimate_carries_each_terms_uncertainty() -> None:
     assert est.overhead_ms == pytest.approx(2 * 0.01)
     assert est.layout_ms == pytest.approx(2 * (0.1 - 0.01))
     assert est.estimated_ms == pytest.approx(10.0 - 2 * 0.01 - 2 * 0.09)
+    counts = bricks.terms(parts, conversions)
+    assert est.estimated_ms == pytest.approx(
+        sum(c * results[k].trimmed_mean_ms for k, c in counts.items())
+    )
     # the empty model's coefficient: 2 extra runs less the 2 the round trips paid
     se = math.sqrt((2 * 0.03) ** 2 + 0.04**2 + (2 * 0.001) ** 2)
     assert est.estimated_se_ms == pytest.approx(se)
@@ -208,6 +224,136 @@ def test_estimate_carries_each_terms_uncertainty() -> None:
     # +8.9% with a 95% interval of about +-2%: it may be past the 10% line
     assert est.error_pct == pytest.approx(100 * (9.8 / 9.0 - 1))
     assert lo < 10.0 < hi and est.verdict() == "straddles"
+
+
+def test_a_brick_below_its_weight_stream_floor_counts_the_stream_instead() -> None:
+    # a convolution (10% of the weights) well above its floor, a classifier (90%) below it
+    parts = [bricks.Brick("m", (i,), sig) for i, sig in enumerate(["conv", "fc"])]
+    floors = bricks.Floors("stream:x", {"conv": 0.1, "fc": 0.9})
+    results = {
+        "conv": _measurement(5.0, 0.03),
+        "fc": _measurement(6.0, 0.02),
+        "stream:x": _measurement(10.0, 0.05),
+        "empty": _measurement(0.01, 0.0005),
+    }
+    # one pass over all weights takes 10 - 0.01 ms: the classifier's 90% take 8.991 ms, more
+    # than its 5.99 as a brick; the convolution's 10% take 0.999 ms, far less than its 4.99
+    assert floors.binding(results) == {"fc": 0.9}
+    counts = bricks.terms(parts, {}, floors, results)
+    # the classifier counts as 0.9 of the stream plus 0.1 of a fixed cost; one fixed cost less
+    assert counts == {"conv": 1, "stream:x": 0.9, "empty": pytest.approx(-0.9)}
+    est = bricks.estimate("m", parts, {}, results, _measurement(14.0, 0.05), floors=floors)
+    floor_fc = 0.01 + 0.9 * (10.0 - 0.01)
+    assert est.floor_ms == pytest.approx(floor_fc - 6.0)
+    assert est.estimated_ms == pytest.approx(5.0 + floor_fc - 0.01)
+    assert est.estimated_ms == pytest.approx(
+        sum(c * results[k].trimmed_mean_ms for k, c in counts.items())
+    )
+    se = math.sqrt(0.03**2 + (0.9 * 0.05) ** 2 + (0.9 * 0.0005) ** 2)
+    assert est.estimated_se_ms == pytest.approx(se)
+    # net, the corrections added: the floor raised more than the fixed cost took
+    assert est.correction_pct == pytest.approx(100 * (0.01 - est.floor_ms) / 11.0)
+    # a faster stream (a model whose weights stay cached) holds nothing up
+    results["stream:x"] = _measurement(5.0, 0.05)
+    assert floors.binding(results) == {}
+    assert bricks.terms(parts, {}, floors, results) == {"conv": 1, "fc": 1, "empty": -1}
+    # nothing is known before the stream is measured (another framework)
+    del results["stream:x"]
+    assert floors.binding(results) == {}
+
+
+def test_a_models_weight_stream_and_each_bricks_share_of_it() -> None:
+    m = _ir(graphs.residual(blocks=2, channels=32), "res")
+    stream = bricks.weight_stream(m)
+    assert stream is not None
+    # the blocks' convolution weights (32 x 32 x 3 x 3 floats), none of the small tensors
+    # (biases, the 3-channel stem's 3.4 KiB)
+    convs = [t.name for t in m.model.graph.initializer if t.dims[1:] == [32, 3, 3]]
+    assert len(convs) == 4 and [name for name, _ in stream.tensors] == convs
+    assert all(shape == (32, 288) for _, shape in stream.tensors)
+    assert stream.nbytes == 4 * 32 * 288 * 4
+    parts = bricks.decompose(m, 1)
+    floors = bricks.floors(m, parts, stream)
+    # each brick's share is its streamed weights' bytes; together, all of them
+    per_brick = {
+        b.signature: sum(name in convs for i in b.indices for name, _ in m.layers[i].params)
+        for b in parts
+    }
+    assert floors.share == {sig: n / 4 for sig, n in per_brick.items() if n}
+    assert sum(floors.share[b.signature] for b in parts if b.signature in floors.share) == (
+        pytest.approx(1.0)
+    )
+    # the key names the shapes streamed, not the model: the same weights elsewhere share it
+    again = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=32, name="other"), "o"))
+    assert again is not None and again.key == stream.key and again.model == "o"
+    wider = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=36), "w"))
+    assert wider is not None and wider.key != stream.key
+    # 27% more bytes: within a factor sqrt(2), the first stream measured stands for it, and
+    # each brick's share is of the bytes that stream reads
+    assert bricks.shared_stream(wider, [stream]) is stream
+    w = _ir(graphs.residual(blocks=2, channels=36), "w")
+    shared = bricks.floors(w, bricks.decompose(w, 1), wider, stream)
+    assert shared.key == stream.key
+    assert max(shared.share.values()) == pytest.approx(2 * 36 * 324 * 4 / stream.nbytes)
+    far = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=48), "f"))
+    assert far is not None and bricks.shared_stream(far, [stream]) is far
+    # a model with no weight worth streaming has none
+    assert bricks.weight_stream(_ir(graphs.conv_gemm(), "cg")) is None
+
+
+def test_the_stream_model_multiplies_each_matrix_and_binds_the_given_arrays_in_place() -> None:
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(shape).astype(np.float32) for shape in ((4, 6), (3, 5))]
+    model = ort_backend.stream_model([(4, 6), (3, 5)])
+    sess = ort_backend.session(model, ort_backend.OrtVariant("all", 1), "stream")
+    x = [rng.standard_normal((1, k)).astype(np.float32) for k in (4, 3)]
+    y = sess.run(None, {"x0": x[0], "w0": w[0], "x1": x[1], "w1": w[1]})
+    for i in range(2):
+        np.testing.assert_allclose(y[i], x[i] @ w[i], rtol=1e-5)
+    # 64 MiB of weights: a runner bound to them in place faults none of their 16,384 pages in
+    # again, where ORT's copy and prepacking of the same matrix as a constant fault twice that
+    big = np.ones((4096, 4096), np.float32)
+
+    def faults(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        ort_backend.runner(model, ort_backend.OrtVariant("all", 1), "s", weights)()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    faults(ort_backend.stream_model([(4, 6)]), {"w0": w[0]})  # ORT's first-session set-up
+    assert faults(ort_backend.stream_model([big.shape]), {"w0": big}) < 2048
+    constant = ort_backend.stream_model([big.shape])
+    graph = constant.graph
+    del graph.input[1]
+    weight = graph.initializer.add(name="w0", data_type=onnx.TensorProto.FLOAT, dims=big.shape)
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value="out-of-band")
+    assert faults(constant, {"w0": big}) > 16384
+
+
+def test_a_study_measures_each_models_weight_stream_and_counts_its_cost(tmp_path: Path) -> None:
+    m = _ir(graphs.residual(blocks=2, channels=32), "res")
+    stream = bricks.weight_stream(m)
+    assert stream is not None
+    db = ResultsDB(str(tmp_path / "r.sqlite"))
+    try:
+        settings = MeasureSettings(min_reps=3, max_time_s=30.0, max_reps=10_000_000)
+        bencher = generator.Bencher(db, "onnxruntime", "opt=all,threads=1", 1, settings)
+        [found] = bricks.study([m], bencher, [1], lambda irs, _: irs, target_rel=0.05)
+        stored = db.get(bencher.key("stream", stream.key))
+        assert stored is not None and stored.reps >= 3 and stored.elapsed_s > 0
+        # the stream's cost is part of the bricks' side, whether or not a floor held one up
+        costs = [
+            db.get(bencher.key("brick", sig))
+            for sig in {b.signature for b in bricks.decompose(m, 1)}
+        ]
+        assert all(c is not None for c in costs)
+        assert found.time_bricks_s >= stored.elapsed_s + sum(c.elapsed_s for c in costs if c)
+        [est] = found.models
+        assert est.estimated_ms == pytest.approx(
+            est.raw_ms - est.overhead_ms - est.layout_ms + est.floor_ms
+        )
+    finally:
+        db.close()
 
 
 def test_verdict_says_straddles_when_the_interval_crosses_the_line() -> None:

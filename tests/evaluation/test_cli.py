@@ -78,7 +78,7 @@ def test_lowerbound_and_bricks_json(tmp_path: Path) -> None:
     low, high = first["measured_ci_ms"]
     assert low <= first["measured_ms"] <= high
     assert first["estimated_ms"] == pytest.approx(
-        first["raw_ms"] - first["overhead_ms"] - first["layout_ms"]
+        first["raw_ms"] - first["overhead_ms"] - first["layout_ms"] + first["floor_ms"]
     )
     assert body["confidence"] == 0.95 and body["precision"] == 0.02 and not body["quick"]
     assert [g["granularity"] for g in body["by_granularity"]] == [1, 5]
