@@ -22,6 +22,7 @@ from trims.evaluation import generator, submodel
 from trims.evaluation.generator import Bencher
 from trims.evaluation.ir import ModelIR
 from trims.evaluation.measure import Measurement
+from trims.evaluation.rounds import whole_key
 
 log = logging.getLogger(__name__)
 
@@ -172,18 +173,18 @@ def precise_times(
     for bencher in benchers:
         state.open(_layer_key(bencher.variant, "empty"), generator.empty_benchmark(), bencher)
     for ir in progress(irs, "models"):
-        whole_key = f"model:{ir.name}"
-        state.open(whole_key, generator.model_benchmark(ir), benchers[0])
+        whole = whole_key(ir.name)
+        state.open(whole, generator.model_benchmark(ir), benchers[0])
         counts = Counter(layer.signature for layer in ir.layers)
         for bencher in benchers:
             for signature in counts:
                 state.open(_layer_key(bencher.variant, signature), benches[signature], bencher)
 
         def goals(
-            ir: ModelIR = ir, whole_key: str = whole_key, counts: Counter[str] = counts
+            ir: ModelIR = ir, whole: str = whole, counts: Counter[str] = counts
         ) -> dict[str, float]:
             now = {key: term.current() for key, term in state.terms.items()}
-            asked = {whole_key: target_rel * now[whole_key].trimmed_mean_ms}
+            asked = {whole: target_rel * now[whole].trimmed_mean_ms}
             for bencher in benchers:
                 empty_key = _layer_key(bencher.variant, "empty")
                 fixed = now[empty_key].trimmed_mean_ms
@@ -204,8 +205,8 @@ def precise_times(
             out.offer(
                 signature, bencher.variant, state.result(_layer_key(bencher.variant, signature))
             )
-    wholes = {ir.name: state.result(f"model:{ir.name}") for ir in irs}
-    out.imprecise |= {k for k in state.imprecise if k.startswith("model:")}
+    wholes = {ir.name: state.result(whole_key(ir.name)) for ir in irs}
+    out.imprecise |= {whole_key(ir.name) for ir in irs} & state.imprecise
     return out, wholes
 
 
@@ -264,7 +265,7 @@ def bound(
         layers=layers,
         measured_se_ms=whole.std_error_ms,
         sequential_lb_se_ms=_sum_se([terms[i] for i in everything]),
-        precise=not ({f"model:{ir.name}", "empty", *counts} & times.imprecise),
+        precise=not ({whole_key(ir.name), "empty", *counts} & times.imprecise),
         parallel_lb_se_ms=_sum_se([terms[i] for i in path]),
         fused_sequential_lb_se_ms=_sum_se([fused_terms[i] for i in everything]),
         fused_parallel_lb_se_ms=_sum_se([fused_terms[i] for i in fused_path]),

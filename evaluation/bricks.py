@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from trims.evaluation import ort_backend, submodel
 from trims.evaluation.measure import Z95, Measurement
-from trims.evaluation.rounds import Rounds, budgets
+from trims.evaluation.rounds import Rounds, budgets, whole_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -166,11 +166,6 @@ def reconstruct(
     plus what the weight-stream floors raised brick times by (:class:`Floors`)."""
     raw = sum(times_ms[b.signature] for b in bricks)
     return raw - (len(bricks) - 1) * overhead_ms - layout_ms + floor_ms
-
-
-def whole_key(model: str) -> str:
-    """The study's (and the conversions') key for ``model`` measured whole."""
-    return f"model:{model}"
 
 
 def extra_conversions(

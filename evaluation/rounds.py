@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from trims.evaluation.measure import Measurement, Sampler
 
 
+def whole_key(model: str) -> str:
+    """An analysis's key for ``model`` measured whole (its terms are keyed by signature)."""
+    return f"model:{model}"
+
+
 def budgets(counts: Mapping[str, float], estimate_ms: float, target_rel: float) -> dict[str, float]:
     """Per independent term of an estimate, the standard error (ms) its measurement may keep.
 

@@ -384,7 +384,7 @@ def test_profiled_runner_sees_the_conversions_at_a_bricks_ends() -> None:
 def _profiled_round_trips(name: str, m: ir.ModelIR, g: int) -> dict[str, float]:
     variant = ort_backend.OrtVariant("all", 1)
     weights = submodel.weights(m)
-    found = {f"model:{name}": ort_backend.profiled_runner(m.model, variant, name)[1]}
+    found = {bricks.whole_key(name): ort_backend.profiled_runner(m.model, variant, name)[1]}
     parts = bricks.decompose(m, g)
     for brick in parts:
         model = bricks.export(m, brick, frozenset(weights))
