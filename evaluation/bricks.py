@@ -477,9 +477,9 @@ def estimate(
         (times[key] - overhead) * -c for key, c in counts.items() if key.startswith("reorder:")
     )
     floor = 0.0
-    if floors is not None:
+    bound = floors.binding(results) if floors is not None else {}
+    if floors is not None and bound:
         one_pass = times[floors.key] - overhead
-        bound = floors.binding(results)
         floor = sum(
             overhead + bound[b.signature] * one_pass - times[b.signature]
             for b in bricks
@@ -512,7 +512,7 @@ def study(
 
     Each model's time, measured whole and estimated from bricks, is measured until its standard
     error is at most ``target_rel`` of it. A model's estimate (:func:`estimate`) is made of its
-    unique bricks, the empty model (the fixed cost of a run, subtracted once per extra brick)
+    unique bricks, the empty model (the fixed cost of a run, subtracted once per extra brick),
     the layout round trips its bricks made beyond the whole model's
     (:func:`extra_conversions`) and, with ONNX Runtime, its weight stream (:class:`Floors`),
     each a benchmark of its own; :func:`budgets` splits the model's precision among them, so
