@@ -221,20 +221,18 @@ class WeightStream:
         return sum(4 * r * c for _, (r, c) in self.tensors)
 
 
-def weight_stream(ir: ModelIR) -> WeightStream | None:
-    """The model's float weights of two or more dimensions as one stream, or None if it has
-    none (those :func:`~trims.evaluation.submodel.weights` holds: biases and small tensors,
-    a negligible share of the bytes, are left out)."""
-    from onnx import TensorProto
+def weight_stream(model: str, weights: Mapping[str, np.ndarray]) -> WeightStream | None:
+    """The float matrices among ``model``'s out-of-band ``weights``
+    (:func:`~trims.evaluation.submodel.weights`: biases and small tensors, a negligible share of
+    the bytes, are left out) as one stream, or None if there are none."""
+    import numpy as np
 
     tensors = tuple(
-        (t.name, (int(t.dims[0]), math.prod(int(d) for d in t.dims[1:])))
-        for t in ir.model.graph.initializer
-        if t.data_type == TensorProto.FLOAT
-        and len(t.dims) >= 2
-        and 4 * math.prod(t.dims) >= submodel.EXTERNAL_MIN_BYTES
+        (name, (int(array.shape[0]), int(array.size // array.shape[0])))
+        for name, array in weights.items()
+        if array.dtype == np.float32 and array.ndim >= 2
     )
-    return WeightStream(ir.name, tensors) if tensors else None
+    return WeightStream(model, tensors) if tensors else None
 
 
 @dataclass(frozen=True)
@@ -555,8 +553,7 @@ def study(
         for g in granularities:
             for brick in per_g[g][ir.name]:
                 open_profiled(brick.signature, _benchmark(ir, brick, weights))
-        stream = weight_stream(ir) if weights is not None else None
-        if stream is not None and weights is not None:
+        if weights is not None and (stream := weight_stream(ir.name, weights)) is not None:
             measured = shared_stream(stream, streams)
             if measured is stream:
                 streams.append(stream)

@@ -262,9 +262,13 @@ def test_a_brick_below_its_weight_stream_floor_counts_the_stream_instead() -> No
     assert floors.binding(results) == {}
 
 
+def _stream(m: ir.ModelIR) -> bricks.WeightStream | None:
+    return bricks.weight_stream(m.name, submodel.weights(m))
+
+
 def test_a_models_weight_stream_and_each_bricks_share_of_it() -> None:
     m = _ir(graphs.residual(blocks=2, channels=32), "res")
-    stream = bricks.weight_stream(m)
+    stream = _stream(m)
     assert stream is not None
     # the blocks' convolution weights (32 x 32 x 3 x 3 floats), none of the small tensors
     # (biases, the 3-channel stem's 3.4 KiB)
@@ -284,9 +288,9 @@ def test_a_models_weight_stream_and_each_bricks_share_of_it() -> None:
         pytest.approx(1.0)
     )
     # the key names the shapes streamed, not the model: the same weights elsewhere share it
-    again = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=32, name="other"), "o"))
+    again = _stream(_ir(graphs.residual(blocks=2, channels=32, name="other"), "o"))
     assert again is not None and again.key == stream.key and again.model == "o"
-    wider = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=36), "w"))
+    wider = _stream(_ir(graphs.residual(blocks=2, channels=36), "w"))
     assert wider is not None and wider.key != stream.key
     # 27% more bytes: within a factor sqrt(2), the first stream measured stands for it, and
     # each brick's share is of the bytes that stream reads
@@ -295,10 +299,10 @@ def test_a_models_weight_stream_and_each_bricks_share_of_it() -> None:
     shared = bricks.floors(w, bricks.decompose(w, 1), wider, stream)
     assert shared.key == stream.key
     assert max(shared.share.values()) == pytest.approx(2 * 36 * 324 * 4 / stream.nbytes)
-    far = bricks.weight_stream(_ir(graphs.residual(blocks=2, channels=48), "f"))
+    far = _stream(_ir(graphs.residual(blocks=2, channels=48), "f"))
     assert far is not None and bricks.shared_stream(far, [stream]) is far
     # a model with no weight worth streaming has none
-    assert bricks.weight_stream(_ir(graphs.conv_gemm(), "cg")) is None
+    assert _stream(_ir(graphs.conv_gemm(), "cg")) is None
 
 
 def test_the_stream_model_multiplies_each_matrix_and_binds_the_given_arrays_in_place() -> None:
@@ -332,7 +336,7 @@ def test_the_stream_model_multiplies_each_matrix_and_binds_the_given_arrays_in_p
 
 def test_a_study_measures_each_models_weight_stream_and_counts_its_cost(tmp_path: Path) -> None:
     m = _ir(graphs.residual(blocks=2, channels=32), "res")
-    stream = bricks.weight_stream(m)
+    stream = _stream(m)
     assert stream is not None
     db = ResultsDB(str(tmp_path / "r.sqlite"))
     try:
