@@ -11,7 +11,8 @@ Each run is what a user gets from the defaults, one analysis after the other, ea
 
 Per model it reports the spread over runs (min, median, max) of the measured time, the brick
 estimate and its error at G = 1, how many runs put the model within 10% with 95% confidence,
-and whether the same models were within every time; per run the wall time and, for the
+whether the same models were within every time, and which were within in every run and which
+in some only (a model at the line); per run the wall time and, for the
 families, the benchmarking time whole models took against bricks. For the lower bound: the
 spread of the measured time and of the sequential bound. ``--quick`` passes ``--quick`` to the
 bricks runs (rough, labelled so). Writes ``OUT.json`` and ``OUT.md`` (the tables) or prints both.
@@ -93,6 +94,10 @@ def summarize_bricks(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "models": models,
         "within_per_run": [len(s) for s in within_sets],
         "same_models_within": all(s == within_sets[0] for s in within_sets),
+        # a model at the line can be within in some runs only: that alone makes the sets
+        # differ, while the models within every run may be many
+        "within_every_run": [m["name"] for m in models if m["runs_within"] == len(runs)],
+        "within_some_runs": [m["name"] for m in models if 0 < m["runs_within"] < len(runs)],
         "time_whole_s": [r["time_whole_s"] for r in runs],
         "time_bricks_s": [r["time_bricks_s"] for r in runs],
         "saving": [r["time_whole_s"] / r["time_bricks_s"] for r in runs],
@@ -180,11 +185,14 @@ def bricks_table(title: str, summary: dict[str, Any]) -> str:
         for m in summary["models"]
     ]
     saving = ", ".join(f"{x:.2f}x" for x in summary["saving"])
+    partly = summary["within_some_runs"]
+    some = f"; in some runs only: {', '.join(partly)}" if partly else ""
     head = (
         f"**{title}**, G={summary['granularity']}"
         + (" (QUICK: rough)" if summary["quick"] else "")
         + f": within {LIMIT_PCT:g}% per run {summary['within_per_run']}, same models every run: "
         + _yes(summary["same_models_within"])
+        + f" (within every run: {len(summary['within_every_run'])}{some})"
         + f"; benchmarking time whole / bricks per run: {saving}\n\n"
     )
     coarser = "".join(

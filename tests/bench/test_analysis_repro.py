@@ -90,3 +90,43 @@ def test_lowerbound_summary_counts_precise_runs_and_whether_the_runs_agree() -> 
     assert model["bound_range_pct"] == pytest.approx(6.25)
     table = repro.lowerbound_table(summary)
     assert "| squeezenet |" in table and "| 1/2 |" in table and "| yes / no |" in table
+
+
+def _bricks_run(verdicts: dict[str, str]) -> dict[str, Any]:
+    """One `trims analyze bricks --json` run with a verdict per model (the keys the summary
+    reads; the times are placeholders the test does not look at)."""
+    return {
+        "granularity": 1,
+        "time_whole_s": 4.0,
+        "time_bricks_s": 1.0,
+        "models": [
+            {
+                "name": name,
+                "measured_ms": 5.0,
+                "estimated_ms": 4.6,
+                "error_pct": -8.0,
+                "error_ci_pct": [-9.0, -7.0],
+                "within_10pct": verdict,
+            }
+            for name, verdict in verdicts.items()
+        ],
+    }
+
+
+def test_bricks_summary_tells_models_within_every_run_from_models_at_the_line() -> None:
+    repro = _repro()
+    runs = [
+        _bricks_run({"alexnet": "within", "shufflenet": "within", "vgg19": "outside"}),
+        _bricks_run({"alexnet": "within", "shufflenet": "straddles", "vgg19": "outside"}),
+        _bricks_run({"alexnet": "within", "shufflenet": "straddles", "vgg19": "straddles"}),
+    ]
+    summary = repro.summarize_bricks(runs)
+    assert summary["within_per_run"] == [2, 1, 1] and not summary["same_models_within"]
+    assert summary["within_every_run"] == ["alexnet"]
+    assert summary["within_some_runs"] == ["shufflenet"]  # vgg19 never: not at the line
+    head = repro.bricks_table("bricks zoo", summary).splitlines()[0]
+    assert "same models every run: no (within every run: 1; in some runs only: shufflenet)" in head
+    steady = repro.summarize_bricks(runs[1:])  # shufflenet straddles in both
+    assert steady["same_models_within"] and steady["within_some_runs"] == []
+    head = repro.bricks_table("bricks zoo", steady).splitlines()[0]
+    assert "same models every run: yes (within every run: 1);" in head
