@@ -70,7 +70,7 @@ def random_inputs(
     time alike whatever their distribution, and drawing them normal in double precision took
     about 7 ms of such a brick's setup against 1 ms (a bricks study opens dozens of them,
     each with its own input, where a whole model has one). Integer inputs keep normal
-    draws truncated to integers (small: valid indices into any embedding, as before).
+    draws truncated to integers, as before (small, mostly -2..2).
     """
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
