@@ -71,11 +71,6 @@ def summarize_bricks(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per model over runs, at the study's first granularity (G = 1)."""
     names = [m["name"] for m in runs[0]["models"]]
     models = []
-    within_sets = []
-    for run in runs:
-        within_sets.append(
-            sorted(m["name"] for m in run["models"] if m["within_10pct"] == "within")
-        )
     for name in names:
         rows = [next(m for m in run["models"] if m["name"] == name) for run in runs]
         models.append(
@@ -89,15 +84,18 @@ def summarize_bricks(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "runs_within": sum(r["within_10pct"] == "within" for r in rows),
             }
         )
+    # a model at the line can be within in some runs only: that alone makes the runs' sets of
+    # models within differ, however many were within in every run
+    some = [m["name"] for m in models if 0 < m["runs_within"] < len(runs)]
     return {
         "granularity": runs[0]["granularity"],
         "models": models,
-        "within_per_run": [len(s) for s in within_sets],
-        "same_models_within": all(s == within_sets[0] for s in within_sets),
-        # a model at the line can be within in some runs only: that alone makes the sets
-        # differ, while the models within every run may be many
+        "within_per_run": [
+            sum(m["within_10pct"] == "within" for m in run["models"]) for run in runs
+        ],
+        "same_models_within": not some,
         "within_every_run": [m["name"] for m in models if m["runs_within"] == len(runs)],
-        "within_some_runs": [m["name"] for m in models if 0 < m["runs_within"] < len(runs)],
+        "within_some_runs": some,
         "time_whole_s": [r["time_whole_s"] for r in runs],
         "time_bricks_s": [r["time_bricks_s"] for r in runs],
         "saving": [r["time_whole_s"] / r["time_bricks_s"] for r in runs],
