@@ -151,6 +151,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument(
+        "--no-fast-path",
+        dest="fast_path",
+        action="store_false",
+        help="answer every request through aiohttp's web layer, plain invocations included "
+        "(the fast path is also off with --access-log or when spans are exported)",
+    )
+    parser.add_argument(
         "--name",
         default=None,
         help="docker: this gateway's name on the host; a gateway started again under the same "
@@ -206,6 +213,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         traces_kept=args.traces_kept,
         traces_kept_bytes=args.traces_kept_mib << 20,
         access_log=args.access_log,
+        fast_path=args.fast_path,
         name=args.name or env.get("TRIMS_GATEWAY_NAME") or None,
         results_db=getattr(args, "results_db", None) or results_db(env),
     )

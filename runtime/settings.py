@@ -162,6 +162,9 @@ class GatewaySettings:
     max_connections: int = 4096
     #: Log one line per request (aiohttp access log). Off by default: it costs throughput.
     access_log: bool = False
+    #: Answer plain invocations below aiohttp's web layer (Note [invoke fast path] in
+    #: ``runtime/gateway/fastpath.py``); off with the access log or when spans are recorded.
+    fast_path: bool = True
     #: This gateway's name on its Docker host: its containers carry it, and a gateway started
     #: again under the same name removes the containers a crashed predecessor left. Gateways
     #: sharing a Docker Engine need different names; None sweeps nothing.

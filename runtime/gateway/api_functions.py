@@ -15,11 +15,9 @@ from trims.runtime.gateway.context import (
     read_body,
     read_json,
 )
+from trims.runtime.gateway.fastpath import HOP_HEADERS, check_reply
 from trims.runtime.gateway.invocations import Outcome
 from trims.runtime.gateway.traces import trace_headers_for_accept, traced_call
-
-#: Response headers from a worker that the gateway sets itself.
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
 async def list_functions(request: web.Request) -> web.Response:
@@ -90,7 +88,9 @@ async def invoke_function(request: web.Request) -> web.StreamResponse:
 
 
 def outcome_response(outcome: Outcome) -> web.Response:
-    headers = {k: v for k, v in outcome.headers.items() if k.lower() not in _HOP_HEADERS}
+    """The function's answer (the invoke fast path writes the same: fastpath.response_head)."""
+    check_reply(outcome.status, outcome.headers)
+    headers = {k: v for k, v in outcome.headers.items() if k.lower() not in HOP_HEADERS}
     return web.Response(status=outcome.status, body=outcome.body, headers=headers)
 
 

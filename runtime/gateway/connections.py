@@ -13,6 +13,11 @@ accepted connection's aiohttp protocol in a :class:`_GuardedProtocol` that
 Later requests on a kept-alive connection fall under aiohttp's keepalive timeout (its timer
 is not reset by partial data), and a stalled body under the read helpers' stall timeout
 (``trims.runtime.gateway.context``).
+
+Each admitted connection starts on the invoke fast path when there is one (Note [invoke fast
+path] in ``fastpath.py``) and is handed to aiohttp's protocol, made only then, at its first
+request the fast path does not answer; a request head still arriving at that moment gets
+the same ``header_timeout_s`` as a connection's first.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from trims.runtime.gateway.fastpath import FastConnection, FastInvoke
 from trims.runtime.settings import GatewaySettings
 
 __all__ = ["ConnectionGuard", "GuardedTCPSite"]
@@ -39,15 +45,26 @@ _HEAD_END = b"\r\n\r\n"
 
 
 class ConnectionGuard:
-    """Counts open connections per peer and hands out guarded protocols."""
+    """Counts open connections per peer and hands out guarded protocols.
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    ``fast``: the invoke fast path (Note [invoke fast path] in ``fastpath.py``); each
+    connection starts on it and is handed to aiohttp at its first request the fast path does
+    not answer. None: every connection is aiohttp's from the start.
+    """
+
+    def __init__(self, settings: GatewaySettings, fast: FastInvoke | None = None) -> None:
         self.header_timeout_s = settings.header_timeout_s
+        self.keepalive_s = settings.keepalive_timeout_s
         self.per_peer = settings.max_connections_per_peer
         self.total = settings.max_connections
+        self.fast = fast
         self.open: Counter[str] = Counter()
         self.refused = 0
         self.timed_out = 0
+        #: Connections the fast path gave to aiohttp.
+        self.handed_over = 0
+        #: Connections on the fast path now (closed at shutdown: aiohttp does not know them).
+        self.fast_connections: set[FastConnection] = set()
 
     def admit(self, peer: str) -> bool:
         if self.open[peer] >= self.per_peer or sum(self.open.values()) >= self.total:
@@ -69,15 +86,23 @@ class ConnectionGuard:
             del self.open[peer]
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        return lambda: _GuardedProtocol(self, inner())
+        return lambda: _GuardedProtocol(self, inner)
+
+    def close_fast_connections(self) -> None:
+        """Shutting down: close each fast-path connection once its running request is answered."""
+        for connection in list(self.fast_connections):
+            connection.close_when_idle()
 
 
 class _GuardedProtocol(asyncio.Protocol):
-    """Forwards every protocol event to aiohttp's handler; enforces the guard's limits."""
+    """Enforces the guard's limits; serves the connection on the fast path, then (or from the
+    start) forwards every protocol event to aiohttp's handler, made when first needed."""
 
-    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, make_inner: Callable[[], asyncio.Protocol]) -> None:
         self._guard = guard
-        self._inner = inner
+        self._make_inner = make_inner
+        self._inner: asyncio.Protocol | None = None
+        self._fast: FastConnection | None = None
         self._peer: str | None = None
         self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -94,10 +119,37 @@ class _GuardedProtocol(asyncio.Protocol):
             return
         self._peer = peer
         self._transport = transport
+        self._arm_deadline()
+        guard = self._guard
+        if guard.fast is not None:
+            self._fast = FastConnection(transport, guard.fast, self._hand_over, guard.keepalive_s)
+            guard.fast_connections.add(self._fast)
+        else:
+            self._start_inner(transport)
+
+    def _arm_deadline(self) -> None:
         self._deadline = asyncio.get_running_loop().call_later(
             self._guard.header_timeout_s, self._head_too_slow
         )
-        self._inner.connection_made(transport)
+
+    def _start_inner(self, transport: asyncio.Transport) -> asyncio.Protocol:
+        inner = self._inner = self._make_inner()
+        inner.connection_made(transport)
+        return inner
+
+    def _hand_over(self, pending: bytes) -> None:
+        """The fast path gives the connection to aiohttp with the bytes it has not answered."""
+        assert self._fast is not None and self._transport is not None
+        self._guard.fast_connections.discard(self._fast)
+        self._guard.handed_over += 1
+        self._fast = None
+        inner = self._start_inner(self._transport)
+        if pending:
+            if self._deadline is None and _HEAD_END not in pending:
+                # A request head still arriving: the same deadline as a connection's first.
+                self._tail = pending[-3:]
+                self._arm_deadline()
+            inner.data_received(pending)
 
     def _head_too_slow(self) -> None:
         self._deadline = None
@@ -120,11 +172,14 @@ class _GuardedProtocol(asyncio.Protocol):
                 self._tail = b""
             else:
                 self._tail = seen[-3:]
-        self._inner.data_received(data)
+        if self._fast is not None:
+            self._fast.feed(data)
+        elif self._inner is not None:
+            self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        if self._peer is None:
-            return None
+        if self._inner is None:
+            return None  # the transport closes (as aiohttp's handler has it)
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -135,13 +190,23 @@ class _GuardedProtocol(asyncio.Protocol):
             self._deadline = None
         self._guard.release(self._peer)
         self._transport = None
-        self._inner.connection_lost(exc)
+        if self._fast is not None:
+            self._guard.fast_connections.discard(self._fast)
+            self._fast.connection_lost()
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        if self._fast is not None:
+            self._fast.pause_writing()
+        elif self._inner is not None:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        if self._fast is not None:
+            self._fast.resume_writing()
+        elif self._inner is not None:
+            self._inner.resume_writing()
 
 
 class GuardedTCPSite(web.TCPSite):
@@ -152,6 +217,10 @@ class GuardedTCPSite(web.TCPSite):
     def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(runner, **kwargs)
         self._guard = guard
+
+    @property
+    def guard(self) -> ConnectionGuard:
+        return self._guard
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -167,3 +236,7 @@ class GuardedTCPSite(web.TCPSite):
         )
         self._server = listening
         self._bound_port = listening.sockets[0].getsockname()[1] if listening.sockets else None
+
+    async def stop(self) -> None:
+        self._guard.close_fast_connections()
+        await super().stop()

@@ -37,6 +37,28 @@ def is_oip(path: str) -> bool:
     return path == "/v2" or path.startswith("/v2/")
 
 
+def error_parts(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    oip: bool = False,
+) -> tuple[int, dict[str, str], bytes]:
+    """The error answer's status, headers and body; ``oip``: the Open Inference Protocol's
+    ``{"error": "<message>"}``."""
+    error: dict[str, Any] | str
+    if oip:
+        error = message
+    else:
+        error = {"code": code, "message": message}
+        if details:
+            error["details"] = details
+    body = json.dumps({"error": error}).encode()
+    return status, {**(headers or {}), "Content-Type": "application/json"}, body
+
+
 def error_response(
     status: int,
     code: str,
@@ -46,31 +68,22 @@ def error_response(
     headers: dict[str, str] | None = None,
     oip: bool = False,
 ) -> web.Response:
-    """The error answer; ``oip``: the Open Inference Protocol's ``{"error": "<message>"}``."""
-    error: dict[str, Any] | str
-    if oip:
-        error = message
-    else:
-        error = {"code": code, "message": message}
-        if details:
-            error["details"] = details
-    return web.Response(
-        status=status,
-        body=json.dumps({"error": error}).encode(),
-        content_type="application/json",
-        headers=headers,
+    """The error answer as a response (see :func:`error_parts`)."""
+    status, all_headers, body = error_parts(
+        status, code, message, details=details, headers=headers, oip=oip
     )
+    return web.Response(status=status, body=body, headers=all_headers)
 
 
-def trims_error_response(err: TrimsError, *, oip: bool = False) -> web.Response:
-    """The JSON answer for a trims error; 429 carries ``Retry-After``."""
+def trims_error_parts(err: TrimsError, *, oip: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and JSON body for a trims error; 429 carries ``Retry-After``."""
     headers: dict[str, str] = {}
     if isinstance(err, QueueFull):
         headers["Retry-After"] = str(int(err.details.get("retry_after_s", 1)))
     if err.code == "unauthorized":
         headers["WWW-Authenticate"] = 'Bearer realm="trims"'
     details = {k: v for k, v in err.details.items() if _jsonable(v)}
-    return error_response(
+    return error_parts(
         HTTP_STATUS.get(err.code, 500),
         err.code,
         err.message,
@@ -78,6 +91,12 @@ def trims_error_response(err: TrimsError, *, oip: bool = False) -> web.Response:
         headers=headers,
         oip=oip,
     )
+
+
+def trims_error_response(err: TrimsError, *, oip: bool = False) -> web.Response:
+    """The JSON answer for a trims error (see :func:`trims_error_parts`)."""
+    status, headers, body = trims_error_parts(err, oip=oip)
+    return web.Response(status=status, body=body, headers=headers)
 
 
 def _jsonable(value: Any) -> bool:

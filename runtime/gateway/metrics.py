@@ -228,6 +228,21 @@ class GatewayMetrics:
         r.register(_InstancesCollector(instance_counts, pending))
         r.register(_NodeCollector())
         ProcessCollector(registry=r)
+        #: (route, method, status) -> its two HTTP series: ``labels()`` builds a key on every
+        #: call, so the children are looked up once. Bounded like the series set itself (route
+        #: templates x methods x statuses).
+        self._http_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def http_series(self, route: str, method: str, status: int) -> tuple[Any, Any]:
+        """The request counter and duration histogram children of one route, method, status."""
+        key = (route, method, status)
+        series = self._http_children.get(key)
+        if series is None:
+            series = self._http_children[key] = (
+                self.http_requests.labels(route, method, str(status)),
+                self.http_duration.labels(route, method),
+            )
+        return series
 
     #: The labelled metrics whose series name a function, with their label names.
     def _by_function(self) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
@@ -270,11 +285,6 @@ def http_metrics_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[
     """An aiohttp middleware counting every request by its route template and status, the
     gateway's own refusals included (it runs outside the error middleware)."""
 
-    #: (route, method, status) -> its two series: ``labels()`` takes a lock and builds a key
-    #: on every call, so the children are looked up once. Bounded like the series set itself
-    #: (route templates x methods x statuses).
-    children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.monotonic()
@@ -290,13 +300,7 @@ def http_metrics_middleware(metrics: GatewayMetrics) -> Callable[..., Awaitable[
             info = request.match_info.route.resource
             route = info.canonical if info is not None else "unmatched"
             method = request.method if request.method in _METHODS else "other"
-            key = (route, method, str(status))
-            series = children.get(key)
-            if series is None:
-                series = children[key] = (
-                    metrics.http_requests.labels(*key),
-                    metrics.http_duration.labels(route, method),
-                )
+            series = metrics.http_series(route, method, status)
             series[0].inc()
             series[1].observe(time.monotonic() - started)
 

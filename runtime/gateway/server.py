@@ -18,6 +18,7 @@ from aiohttp import web
 from trims.runtime.gateway.app import create_app
 from trims.runtime.gateway.connections import ConnectionGuard, GuardedTCPSite
 from trims.runtime.gateway.context import GATEWAY
+from trims.runtime.gateway.fastpath import fast_invoke_for
 from trims.runtime.gateway.service import ExecutorFactory
 from trims.runtime.settings import GatewaySettings
 
@@ -86,8 +87,10 @@ async def start_runner(app: web.Application, settings: GatewaySettings) -> web.A
 async def start_site(
     runner: web.AppRunner, settings: GatewaySettings, host: str, port: int
 ) -> GuardedTCPSite:
-    """Listen on ``host:port`` behind the settings' connection limits (see connections.py)."""
-    site = GuardedTCPSite(runner, ConnectionGuard(settings), host=host, port=port, backlog=1024)
+    """Listen on ``host:port`` behind the settings' connection limits (see connections.py),
+    with the invoke fast path unless the settings or the app rule it out (fastpath.py)."""
+    guard = ConnectionGuard(settings, fast_invoke_for(runner.app, settings))
+    site = GuardedTCPSite(runner, guard, host=host, port=port, backlog=1024)
     await site.start()
     return site
 

@@ -27,6 +27,8 @@ def handler(request: Request, ctx: Context) -> Any:
         return f"{context.trace_id:032x}-{context.span_id:016x}"
     if body == b"headers":
         return dict(request.headers)
+    if body == b"split-header":
+        return Response(body=b"x", headers={"x-note": "a\r\nx-injected: 1"})
     if body == b"garbage":
         return object()
     if body == b"hog":
