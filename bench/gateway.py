@@ -10,8 +10,11 @@ directly. Between the two, a minimal proxy (``proxy``): one aiohttp route on uvl
 each request's body and headers to the same echo worker over its own connection (the gateway's
 wire protocol and client) and answers with the reply: the floor of this design (an HTTP server
 plus a round trip to a worker process) without the gateway's routing table, middlewares, auth,
-pool, queue and metrics. The servers are measured ``--repeat`` times, alternating, and medians
-are reported (the ratios are of the median rates).
+pool, queue and metrics. Beside the gateway, a second one started with ``--no-fast-path``
+(``echo_web``): the same invocation answered through aiohttp's web layer instead of the invoke
+fast path (Note [invoke fast path] in ``runtime/gateway/fastpath.py``), so the fast path's gain
+is measured in the same run. The servers are measured ``--repeat`` times, alternating, and
+medians are reported (the ratios are of the median rates).
 
 Two load shapes (``--modes closed,open``, both by default):
 
@@ -26,8 +29,8 @@ Two load shapes (``--modes closed,open``, both by default):
   ``_send_lag_p99_ms`` (how late the load generator itself sent; a single Python process
   cannot keep a schedule near its own capacity, and the output says when that happened).
 
-Writes ``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", "proxy_rps", ...}`` and prints a
-markdown table.
+Writes ``{"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", "proxy_rps", "echo_web_rps",
+..., "ratio", "proxy_ratio", "web_ratio"}`` and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ def deploy_echo(url: str) -> None:
 
 
 MODES = ("closed", "open")
-SERVERS = ("echo", "proxy", "bare")
+SERVERS = ("echo", "echo_web", "proxy", "bare")
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -216,10 +219,10 @@ def run_pair(
 ) -> dict[str, dict[str, Any]]:
     """One repeat: each server in each mode, bare first; ``{"echo": ..., "echo_open": ...}``."""
     out: dict[str, dict[str, Any]] = {}
-    for server in ("bare", "proxy", "echo"):
+    for server in ("bare", "proxy", "echo", "echo_web"):
         if "closed" in args.modes:
             out[server] = measure(urls[server], args.concurrency, args.seconds, pids[server])
-    for server in ("bare", "proxy", "echo"):
+    for server in ("bare", "proxy", "echo", "echo_web"):
         if "open" in args.modes:
             rate = args.open_rate or args.open_fraction * out[server]["rps"]
             out[f"{server}_open"] = measure(
@@ -251,6 +254,8 @@ def summarize_runs(
         doc["ratios"] = [r["echo"]["rps"] / r["bare"]["rps"] for r in runs]
         doc["proxy_ratio"] = doc["proxy_rps"] / doc["bare_rps"]
         doc["proxy_ratios"] = [r["proxy"]["rps"] / r["bare"]["rps"] for r in runs]
+        doc["web_ratio"] = doc["echo_web_rps"] / doc["bare_rps"]
+        doc["web_ratios"] = [r["echo_web"]["rps"] / r["bare"]["rps"] for r in runs]
     if "open" in args.modes:
         doc["open_fraction"] = None if args.open_rate else args.open_fraction
         doc["open_rate"] = args.open_rate
@@ -270,6 +275,7 @@ def table(doc: dict[str, Any]) -> str:
     rows = []
     for server, label in (
         ("echo", "echo via gateway (gateway + worker)"),
+        ("echo_web", "echo via gateway, --no-fast-path (gateway + worker)"),
         ("proxy", "minimal proxy to the same worker (proxy + worker)"),
         ("bare", "bare aiohttp"),
     ):
@@ -327,9 +333,15 @@ def main() -> int:
         gateway, url = start_gateway(
             root, "--preload", "numpy", "--store-socket", str(root / "none")
         )
+        web_root = root / "web"
+        web_root.mkdir()
+        web_gateway, web_url = start_gateway(
+            web_root, "--preload", "numpy", "--store-socket", str(root / "none"), "--no-fast-path"
+        )
         proxy = None
         try:
             deploy_echo(url)
+            deploy_echo(web_url)
             worker, worker_pid = echo_worker(gateway.proc.pid)
             proxy = start(
                 [sys.executable, __file__, "--serve-proxy", worker],
@@ -339,12 +351,14 @@ def main() -> int:
                 "bare": f"http://127.0.0.1:{bare.match.group(1)}/",
                 "proxy": f"http://127.0.0.1:{proxy.match.group(1)}/",
                 "echo": f"{url}/v1/functions/echo/invoke",
+                "echo_web": f"{web_url}/v1/functions/echo/invoke",
             }
             # each server's CPU: its process tree; the proxy's and the worker's it uses
             pids = {
                 "bare": [bare.proc.pid],
                 "proxy": [proxy.proc.pid, worker_pid],
                 "echo": [gateway.proc.pid],
+                "echo_web": [web_gateway.proc.pid],
             }
             # alternate, so all see the same background load
             runs = [run_pair(urls, pids, args) for _ in range(args.repeat)]
@@ -352,6 +366,7 @@ def main() -> int:
             if proxy is not None:
                 proxy.stop()
             gateway.stop()
+            web_gateway.stop()
             bare.stop()
 
     doc = summarize_runs(runs, args)
@@ -363,6 +378,8 @@ def main() -> int:
         text += f"\n\necho / bare = {doc['ratio']:.2f} (runs: {ratios}; {where})"
         floor = ", ".join(f"{r:.2f}" for r in doc["proxy_ratios"])
         text += f"\nminimal proxy / bare = {doc['proxy_ratio']:.2f} (runs: {floor})"
+        web = ", ".join(f"{r:.2f}" for r in doc["web_ratios"])
+        text += f"\necho --no-fast-path / bare = {doc['web_ratio']:.2f} (runs: {web})"
     for server in SERVERS:
         lag = doc.get(f"{server}_open_send_lag_p99_ms")
         if lag is not None and lag > LATE_MS:

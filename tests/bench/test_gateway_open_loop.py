@@ -27,7 +27,7 @@ def test_open_loop_is_reported_beside_the_closed_loop(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
     assert doc["modes"] == ["closed", "open"] and doc["open_fraction"] == 0.5
-    for server in ("echo", "proxy", "bare"):
+    for server in ("echo", "echo_web", "proxy", "bare"):
         for key in MEASURES:
             assert doc[f"{server}_{key}"] is not None, key
             assert doc[f"{server}_open_{key}"] is not None, key
@@ -36,6 +36,8 @@ def test_open_loop_is_reported_beside_the_closed_loop(tmp_path: Path) -> None:
         assert doc[f"{server}_open_offered_rps"] == pytest.approx(0.5 * doc[f"{server}_rps"])
         assert doc[f"{server}_open_rps"] > 0
     assert doc["errors"] == 0 and doc["ratio"] > 0 and doc["proxy_ratio"] > 0
+    assert doc["web_ratio"] > 0
+    assert "| echo via gateway, --no-fast-path (gateway + worker) | closed, c=2 |" in proc.stdout
     assert "| minimal proxy to the same worker (proxy + worker) | closed, c=2 |" in proc.stdout
     assert "| open |" in proc.stdout and "| closed, c=2 |" in proc.stdout
 
@@ -49,7 +51,7 @@ def test_open_loop_alone_at_a_fixed_rate(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert "echo_rps" not in doc and "ratio" not in doc
     assert doc["echo_open_offered_rps"] == doc["bare_open_offered_rps"] == 50
-    assert doc["proxy_open_offered_rps"] == 50
+    assert doc["proxy_open_offered_rps"] == doc["echo_web_open_offered_rps"] == 50
     assert doc["open_rate"] == 50 and doc["open_fraction"] is None
     # 50 req/s for one second, each answered: the schedule was kept (within one request)
     assert doc["echo_open_rps"] >= 49 and doc["bare_open_rps"] >= 49

@@ -52,8 +52,9 @@ def test_coldstart(tmp_path: Path) -> None:
 def test_gateway(tmp_path: Path) -> None:
     doc = _run("gateway.py", tmp_path / "g.json", "--concurrency", "2", "--seconds", "1",
                "--repeat", "1")  # fmt: skip
-    assert {"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps"} <= set(doc)
+    assert {"echo_rps", "echo_p50_ms", "echo_p99_ms", "bare_rps", "echo_web_rps"} <= set(doc)
     assert doc["errors"] == 0 and doc["echo_rps"] > 0 and doc["bare_rps"] > 0
+    assert doc["echo_web_rps"] > 0
 
 
 @pytest.mark.slow
