@@ -59,20 +59,10 @@ def error_parts(
     return status, {**(headers or {}), "Content-Type": "application/json"}, body
 
 
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    *,
-    details: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-    oip: bool = False,
-) -> web.Response:
-    """The error answer as a response (see :func:`error_parts`)."""
-    status, all_headers, body = error_parts(
-        status, code, message, details=details, headers=headers, oip=oip
-    )
-    return web.Response(status=status, body=body, headers=all_headers)
+def parts_response(parts: tuple[int, dict[str, str], bytes]) -> web.Response:
+    """:func:`error_parts` (or :func:`trims_error_parts`) as a response."""
+    status, headers, body = parts
+    return web.Response(status=status, body=body, headers=headers)
 
 
 def trims_error_parts(err: TrimsError, *, oip: bool = False) -> tuple[int, dict[str, str], bytes]:
@@ -95,12 +85,26 @@ def trims_error_parts(err: TrimsError, *, oip: bool = False) -> tuple[int, dict[
 
 def trims_error_response(err: TrimsError, *, oip: bool = False) -> web.Response:
     """The JSON answer for a trims error (see :func:`trims_error_parts`)."""
-    status, headers, body = trims_error_parts(err, oip=oip)
-    return web.Response(status=status, body=body, headers=headers)
+    return parts_response(trims_error_parts(err, oip=oip))
 
 
 def _jsonable(value: Any) -> bool:
     return isinstance(value, str | int | float | bool | list | dict) or value is None
+
+
+def log_trims_error(method: str, path: str, err: TrimsError) -> None:
+    """Server-side failures are logged (an internal one with its traceback); refusals are not."""
+    if err.http_status >= 500 and err.code != "internal":
+        log.info("%s %s answered %s: %s", method, path, err.code, err.message)
+    elif err.code == "internal":
+        log.exception("%s %s failed", method, path)
+
+
+def unexpected_error_parts(*, oip: bool = False) -> tuple[int, dict[str, str], bytes]:
+    """The answer to a failure the gateway did not expect (a bug; the caller logs it)."""
+    return error_parts(
+        500, "internal", "the gateway failed unexpectedly; see its log and report a bug", oip=oip
+    )
 
 
 @web.middleware
@@ -109,10 +113,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         response: web.StreamResponse = await handler(request)
         return response
     except TrimsError as e:
-        if e.http_status >= 500 and e.code != "internal":
-            log.info("%s %s answered %s: %s", request.method, request.path, e.code, e.message)
-        elif e.code == "internal":
-            log.exception("%s %s failed", request.method, request.path)
+        log_trims_error(request.method, request.path, e)
         return trims_error_response(e, oip=is_oip(request.path))
     except web.HTTPException as e:
         if e.status < 400:
@@ -126,12 +127,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         elif e.status == 413:
             message = f"request body is larger than the gateway limit: {e.reason}"
         headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
-        return error_response(e.status, code, message, headers=headers, oip=is_oip(request.path))
+        oip = is_oip(request.path)
+        return parts_response(error_parts(e.status, code, message, headers=headers, oip=oip))
     except Exception:
         log.exception("%s %s failed with an unexpected error", request.method, request.path)
-        return error_response(
-            500,
-            "internal",
-            "the gateway failed unexpectedly; see its log and report a bug",
-            oip=is_oip(request.path),
-        )
+        return parts_response(unexpected_error_parts(oip=is_oip(request.path)))

@@ -44,7 +44,11 @@ from aiohttp.http import SERVER_SOFTWARE
 from trims.errors import TrimsError, UpstreamError
 from trims.runtime.gateway.auth import Authenticator
 from trims.runtime.gateway.context import AUTH, GATEWAY
-from trims.runtime.gateway.errors import error_parts, trims_error_parts
+from trims.runtime.gateway.errors import (
+    log_trims_error,
+    trims_error_parts,
+    unexpected_error_parts,
+)
 from trims.runtime.gateway.metrics import GatewayMetrics
 from trims.runtime.gateway.service import Gateway
 from trims.runtime.settings import GatewaySettings
@@ -227,18 +231,12 @@ class FastInvoke:
                 out = response_head(outcome.status, outcome.headers, len(data), close=head.close)
                 status = outcome.status
             except TrimsError as e:
-                if e.http_status >= 500 and e.code != "internal":
-                    log.info("POST /v1/functions/%s/invoke answered %s: %s", head.function,
-                             e.code, e.message)  # fmt: skip
-                elif e.code == "internal":
-                    log.exception("POST /v1/functions/%s/invoke failed", head.function)
+                log_trims_error("POST", f"/v1/functions/{head.function}/invoke", e)
                 status, headers, data = trims_error_parts(e)
                 out = response_head(status, headers, len(data), close=head.close)
             except Exception:
                 log.exception("POST /v1/functions/%s/invoke failed unexpectedly", head.function)
-                status, headers, data = error_parts(
-                    500, "internal", "the gateway failed unexpectedly; see its log and report a bug"
-                )
+                status, headers, data = unexpected_error_parts()
                 out = response_head(status, headers, len(data), close=head.close)
             return out + data
         finally:
