@@ -288,10 +288,6 @@ class FastConnection:
         self._idle_since = self._loop.time()
         self._keepalive = self._loop.call_at(self._idle_since + keepalive_s, self._check_idle)
 
-    @property
-    def busy(self) -> bool:
-        return self._busy
-
     def feed(self, data: bytes) -> None:
         self._buf = self._buf + data if self._buf else data
         if self._busy or self._write_paused:
