@@ -25,7 +25,7 @@ from typing import Any
 
 from trims.config import parse_size
 from trims.errors import ValidationError
-from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec
 
 __all__ = [
     "CONTAINER_STORE_SOCKET",
@@ -197,7 +197,9 @@ def function_pod_template(
     ]  # fmt: skip
     if instance_id is not None:
         argv += ["--instance-id", instance_id]
-    env = {**settings.env, **spec.env, "TRIMS_SOCKET": CONTAINER_STORE_SOCKET}
+    # Note [passive OpenMP threads]: the defaults first, so settings and the spec override them.
+    store = {"TRIMS_SOCKET": CONTAINER_STORE_SOCKET}
+    env = {**WORKER_ENV_DEFAULTS, **settings.env, **spec.env, **store}
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.image or settings.image,

@@ -65,7 +65,7 @@ from trims.runtime.executors.base import (
     refuse_environment,
 )
 from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
-from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec, parse_spec
 from trims.runtime.settings import check_gateway_name
 from trims.runtime.worker.access import User, check_code_as
 from trims.runtime.worker.exits import describe_container_end
@@ -534,7 +534,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         ]  # fmt: skip
         if standby:
             worker_argv.append("--standby")
-        environment = {**self.settings.env, **spec.env}
+        # Note [passive OpenMP threads]
+        environment = {**WORKER_ENV_DEFAULTS, **self.settings.env, **spec.env}
         store = self._store_socket
         if store is not None and store.exists():
             mounts.append(docker.types.Mount(CONTAINER_STORE_SOCKET, str(store), type="bind"))

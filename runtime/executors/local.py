@@ -41,7 +41,7 @@ from trims.errors import NotFound, Unavailable, ValidationError
 from trims.runtime.executors.base import ExecutorBase, Instance, WorkerInstance
 from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
 from trims.runtime.executors.zygote import ZygoteHandle
-from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode, init_failure
 from trims.runtime.worker.sandbox import effective_run_as, resolve_user
@@ -278,7 +278,7 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         return zygote.process.pid if zygote is not None else None
 
     def _base_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**WORKER_ENV_DEFAULTS, **os.environ}  # Note [passive OpenMP threads]
         env.update(self.settings.env)
         if self.settings.store_socket is not None:
             env["TRIMS_SOCKET"] = str(self.settings.store_socket)

@@ -69,6 +69,18 @@ HANDLER = hint(
     rf"^{_IDENT}(\.{_IDENT}){{0,15}}:{_IDENT}$", "'module:function' (e.g. 'handler:handle')"
 )
 ENV_NAME = hint(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", "an environment variable name")
+
+#: Environment every executor gives a worker unless the executor's settings or the spec set
+#: the variable. Note [passive OpenMP threads]: an OpenMP runtime (libgomp, which torch's CPU
+#: build uses) keeps its threads spinning for a while after each parallel region by default.
+#: One process alone gains a little latency from that; instances sharing a node's cores burn
+#: them: with two instances of a small torch MLP on two cores at 16 requests in flight, about
+#: 85% of the busy worker's CPU was libgomp spinning and it answered 222 req/s; passive waits
+#: gave 1,205 req/s (p50 at c=1 0.5 ms slower). On a shared node an idle-spinning instance
+#: takes CPU from the others, so passive is the default. libgomp reads it once, when loaded: a
+#: spec's own value reaches instances the zygote forks only when the zygote has it too (set it
+#: in the gateway's environment), and reaches spawned processes and containers directly.
+WORKER_ENV_DEFAULTS: Mapping[str, str] = MappingProxyType({"OMP_WAIT_POLICY": "PASSIVE"})
 #: The store's model name rule (trims.layout): no '..' anywhere, at most 128 characters.
 MODEL_NAME = hint(
     r"^[A-Za-z0-9]([A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$",

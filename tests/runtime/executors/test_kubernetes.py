@@ -111,6 +111,19 @@ def test_resources_become_requests_and_limits() -> None:
     ]
 
 
+def test_openmp_threads_wait_passively_unless_the_spec_says_otherwise() -> None:
+    """Note [passive OpenMP threads]: the default, which the spec's env overrides."""
+    settings = KubernetesExecutorSettings()
+
+    def env_of(doc: dict[str, Any]) -> dict[str, str]:
+        pod = pod_manifest(parse_spec(doc), "i1", settings, namespace="fns", executor_id="x")
+        return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+    assert env_of(SPECS["models_env"])["OMP_WAIT_POLICY"] == "PASSIVE"
+    chosen = {**SPECS["models_env"], "env": {"OMP_WAIT_POLICY": "ACTIVE"}}
+    assert env_of(chosen)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_settings_from_the_chart_environment() -> None:
     settings = KubernetesExecutorSettings.from_env(
         {

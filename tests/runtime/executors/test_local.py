@@ -146,6 +146,22 @@ async def test_cpus_cap_the_framework_thread_pools(
     assert json.loads(await _invoke(instance)) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"}
 
 
+async def test_openmp_threads_wait_passively_unless_the_spec_says_otherwise(
+    make_function: MakeFunction, start_instance: StartInstance
+) -> None:
+    """Note [passive OpenMP threads]: instances sharing cores do not spin on them."""
+    code = """
+        import os
+
+        def handler(request, ctx):
+            return os.environ.get("OMP_WAIT_POLICY") or "unset"
+        """
+    default = await start_instance(make_function(code))
+    assert await _invoke(default) == b"PASSIVE"
+    chosen = await start_instance(make_function(code, env={"OMP_WAIT_POLICY": "ACTIVE"}))
+    assert await _invoke(chosen) == b"ACTIVE"
+
+
 async def test_trace_context_reaches_the_handler(
     make_function: MakeFunction, start_instance: StartInstance
 ) -> None:
