@@ -17,6 +17,10 @@ a [1, 4096] (or [1, 64]) float32 ``input``, and the same torch forward pass over
   (safetensors ``load_file``: mmap, no copy). Cold starts use ``parallel_workers: 0`` (the model
   runs in the server process: no worker hop, and the warm request meets the same instance),
   memory ``--replicas`` workers, throughput ``--mlserver-workers`` (default: one per core).
+  MLServer runs with ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment sets it), as trims'
+  workers do by default (Note [passive OpenMP threads] in ``runtime/functions/spec.py``):
+  with the CPU torch build here its workers otherwise spin on the cores they share, and it
+  answered 188 req/s at c=16 instead of 657.
 
 Cases, interleaved run by run (trims, MLServer, trims, ...), each with the page cache warm and
 dropped right before (``echo 3 > /proc/sys/vm/drop_caches``), every warm run first: a drop
@@ -292,7 +296,9 @@ class MLServer:
             (repo / name / "model-settings.json").write_text(json.dumps(model))
         self.url = f"http://127.0.0.1:{self.http}"
         self.log = (root / f"mlserver-{self.http}.log").open("ab")
-        env = {**os.environ, "PYTHONPATH": str(HERE / "peers_mlserver")}
+        # its best configuration: OpenMP threads that do not spin (see the module docstring)
+        path = str(HERE / "peers_mlserver")
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": path}
         mlserver = venv_python().parent / "mlserver"
         self.proc = subprocess.Popen(
             [str(mlserver), "start", str(repo)],
