@@ -297,8 +297,8 @@ class MLServer:
         self.url = f"http://127.0.0.1:{self.http}"
         self.log = (root / f"mlserver-{self.http}.log").open("ab")
         # its best configuration: OpenMP threads that do not spin (see the module docstring)
-        path = str(HERE / "peers_mlserver")
-        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": path}
+        runtime_path = str(HERE / "peers_mlserver")
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": runtime_path}
         mlserver = venv_python().parent / "mlserver"
         self.proc = subprocess.Popen(
             [str(mlserver), "start", str(repo)],
