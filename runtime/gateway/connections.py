@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from trims.runtime.gateway.fastpath import FastConnection, FastInvoke
+from trims.runtime.gateway.fastpath import HEAD_END, FastConnection, FastInvoke
 from trims.runtime.settings import GatewaySettings
 
 __all__ = ["ConnectionGuard", "GuardedTCPSite"]
@@ -41,7 +41,6 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 38\r\n\r\ntoo many connections; close some first\n"
 )
-_HEAD_END = b"\r\n\r\n"
 
 
 class ConnectionGuard:
@@ -145,7 +144,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self._fast = None
         inner = self._start_inner(self._transport)
         if pending:
-            if self._deadline is None and _HEAD_END not in pending:
+            if self._deadline is None and HEAD_END not in pending:
                 # A request head still arriving: the same deadline as a connection's first.
                 self._tail = pending[-3:]
                 self._arm_deadline()
@@ -166,7 +165,7 @@ class _GuardedProtocol(asyncio.Protocol):
             return
         if self._deadline is not None:
             seen = self._tail + data
-            if _HEAD_END in seen:
+            if HEAD_END in seen:
                 self._deadline.cancel()
                 self._deadline = None
                 self._tail = b""
