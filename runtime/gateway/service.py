@@ -81,6 +81,9 @@ class Gateway:
 
     async def start(self) -> None:
         """Prepare the default executor, restore the functions and pipelines in ``state_dir``."""
+        # Its first call imports the propagators (about 2 ms): paid here, not by the first
+        # cold start (an executor passes the start's trace context to the instance).
+        inject_context()
         if self.settings.warm_executor:
             prepare = getattr(self._executor(self.settings.executor), "prepare", None)
             if prepare is not None:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +115,9 @@ class Prestarted:
     store: Any
     #: The user it dropped to (None: it runs as its own user).
     dropped_to: str | None
+    #: The event loop it made and ran once ahead (Note [start rehearsal] in
+    #: trims.runtime.executors.zygote; None: one is made at start).
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 def _bind_prestarted(settings: WorkerSettings, pre: Prestarted) -> Any:
@@ -462,13 +465,25 @@ def size_thread_pools(cpus: float | None) -> None:
         torch.set_num_threads(int(threads) if threads.isdigit() else int(n))
 
 
+def _loop_factory(prestarted: Prestarted | None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The pooled worker's event loop made ahead, else a new uvloop loop."""
+    import uvloop
+
+    loop = prestarted.loop if prestarted is not None else None
+    if loop is None:
+        return uvloop.new_event_loop
+
+    def made_ahead() -> asyncio.AbstractEventLoop:
+        return loop
+
+    return made_ahead
+
+
 def run_worker(settings: WorkerSettings, prestarted: Prestarted | None = None) -> int:
     """The worker process's main: set up telemetry, confine, serve until SIGTERM.
 
     ``prestarted``: this is a pooled worker, confined before it knew ``settings`` (only the
     memory limit and, without a drop, the store connection are left to do)."""
-    import uvloop
-
     from trims.telemetry import setup_logging, setup_tracing
 
     # Everything the worker imports, imported while it may still read the project's files
@@ -494,7 +509,8 @@ def run_worker(settings: WorkerSettings, prestarted: Prestarted | None = None) -
     size_thread_pools(settings.spec.resources.cpus)
     PHASES.mark("confined")
     try:
-        return uvloop.run(_serve(settings, store[0] if store else None, dropped_to))
+        with asyncio.Runner(loop_factory=_loop_factory(prestarted)) as runner:
+            return runner.run(_serve(settings, store[0] if store else None, dropped_to))
     finally:
         # The caller leaves with os._exit (a hung handler thread must not block the exit), so
         # batched spans would be lost without this flush.

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import uvloop
 
 from trims.errors import ValidationError
+from trims.runtime.executors import zygote as zygote_module
 from trims.runtime.executors.local import LocalExecutor, LocalExecutorSettings
 from trims.runtime.functions.spec import FunctionSpec
+from trims.runtime.worker.runner import Prestarted, _loop_factory
 
 MakeFunction = Callable[..., FunctionSpec]
 
@@ -165,3 +168,38 @@ async def test_a_pooled_worker_acquires_its_model_through_the_store_as_the_unpri
         "uid": _expected_uid(executor),
         "pid": pooled,
     }
+
+
+def test_the_rehearsal_runs_the_start_steps_and_hands_over_an_open_loop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Note [start rehearsal]: its worker arguments still parse (a stale sample would only
+    print a traceback), and its loop has run once, is open and is what the worker runs on."""
+    loop = zygote_module._rehearse()
+    assert loop is not None
+    try:
+        assert isinstance(loop, uvloop.Loop)
+        assert not loop.is_closed() and not loop.is_running()
+        assert capsys.readouterr().err == ""
+        prestarted = Prestarted(run_as=None, store=None, dropped_to=None, loop=loop)
+        assert _loop_factory(prestarted)() is loop
+    finally:
+        loop.close()
+    made = _loop_factory(None)()
+    try:
+        assert isinstance(made, uvloop.Loop) and made is not loop
+    finally:
+        made.close()
+
+
+def test_a_rehearsal_that_fails_says_why_and_leaves_the_start_to_make_its_loop(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(zygote_module, "_REHEARSAL_ARGV", ["--no-such-option"])
+    assert zygote_module._rehearse() is None
+    err = capsys.readouterr().err
+    assert "usage: trims worker" in err and "SystemExit: 2" in err
+    invalid_spec = ["--spec-json", "{}", "--listen", "unix:/x"]
+    monkeypatch.setattr(zygote_module, "_REHEARSAL_ARGV", invalid_spec)
+    assert zygote_module._rehearse() is None
+    assert "ValidationError" in capsys.readouterr().err
