@@ -27,13 +27,15 @@ caller's) and is dropped. A warm-up that fails is logged and skipped: it is an o
 never a reason for the zygote not to start.
 
 Note [standby warm-up]: a standby worker (Note [standby instances] in
-:mod:`trims.runtime.gateway.pool`) forks no process, so it may do what the zygote must not:
-:func:`warm_up_threads` runs a few kernels of torch and numpy on the process's own thread pools
-(the OpenMP team, sized for the function), so their threads, stacks and per-thread buffers
-exist before the first request. The first forward pass of ``bench/peers.py``'s model then took
-48-54 page faults instead of about 180, and a standby's cold-start overhead was 6.5 ms against
-9.3 ms without it (medians of 10 alternating starts each, a noisy run). ONNX Runtime is not
-warmed here: its thread pools belong to each session, which the function's ``init`` creates.
+:mod:`trims.runtime.gateway.pool`) runs no kernel before its first request. It used to run a
+few torch and numpy kernels on its own thread pools while it prepared, so that the OpenMP team
+existed before the first request (with spinning OpenMP threads that saved about 3 ms of a
+standby's cold start). Since workers wait passively (Note [passive OpenMP threads] in
+:mod:`trims.runtime.functions.spec`) it cost far more than it saved: the team's threads then
+slept from the warm-up to the first request, and the first two forward passes of
+``bench/peers.py``'s model after an activation took 35-47 ms instead of 26-32 (first response
+46.6-50.2 ms with the warm-up, 33.9-35.4 ms without, medians of 5 alternating twice). Threads
+created by the first request itself run at full speed.
 """
 
 from __future__ import annotations
@@ -124,34 +126,6 @@ WARM_UPS: dict[str, Callable[[], None]] = {
     "torch": _torch,
     "onnxruntime": _onnxruntime,
 }
-
-
-def _torch_threads() -> None:
-    import torch
-    import torch.nn.functional as F
-
-    with torch.inference_mode():
-        w = torch.zeros(1024, 1024)
-        for batch in (1, 64):  # matrix-vector and matrix-matrix products, on every thread
-            F.relu(F.linear(torch.zeros(batch, 1024), w))
-        torch.zeros(1 << 20).add_(1.0)  # an element-wise loop large enough to run in parallel
-
-
-def _numpy_threads() -> None:
-    import numpy as np
-
-    a = np.zeros((256, 256), dtype=np.float32)
-    a @ a
-
-
-#: Framework module -> its warm-up on the process's own threads (a standby's; never the zygote's).
-THREAD_WARM_UPS: dict[str, Callable[[], None]] = {"numpy": _numpy_threads, "torch": _torch_threads}
-
-
-def warm_up_threads() -> list[str]:
-    """In a standby worker (Note [standby warm-up]): run each imported framework's kernels on
-    its thread pools once, so they exist before the first request; what ran."""
-    return _run_warm_ups(THREAD_WARM_UPS, "standby", "its threads start on first use")
 
 
 def warm_up(preloaded: Sequence[str]) -> list[str]:

@@ -17,20 +17,20 @@ its instance too, since a hung handler would otherwise hold the slot forever.
 Note [standby instances]: with ``scaling.standby`` k > 0 (and an executor that has
 ``start_standby``: local, docker) the pool keeps k instances prepared but not started: the
 worker has started (forked, or its container), dropped its privileges, acquired and mapped its
-models, filled their page tables, imported the function's code and run the frameworks' kernels
-on its threads (Note [standby warm-up] in trims.runtime.executors.warmup), then waits without
-running ``init`` (state "standby", not counted in ``min_instances``/``max_instances`` and never
-given a request). A scale-up takes the oldest prepared standby instead of starting an instance:
-only ``init`` runs (ACTIVATE on the wire), so the cold start costs what MLServer's model load
-into a running server costs, and the first request finds the weights already mapped. The
-standby is replaced on the reaper's first tick at least ``standby_refill_s`` (1 s) after the
-activated instance is ready, not sooner: the replacement's preparation, and its frameworks'
-threads spinning for a moment after its warm-up, would compete for the CPU with the first
-requests (measured with bench/peers.py). Standbys count in the node's instance budget but are
-started only where there is room (never by evicting an instance); at the limit, a pool that
-needs room drops a standby before an idle instance is evicted. A standby that dies is replaced
-on the reaper's tick. Three failed preparations in a row stop the refills (logged) until an
-instance of the function starts: a broken function never becomes a start loop.
+models, filled their page tables and imported the function's code (and runs no kernel: Note
+[standby warm-up] in trims.runtime.executors.warmup), then waits without running ``init``
+(state "standby", not counted in ``min_instances``/``max_instances`` and never given a
+request). A scale-up takes the oldest prepared standby instead of starting an instance: only
+``init`` runs (ACTIVATE on the wire), so the cold start costs what MLServer's model load into
+a running server costs, and the first request finds the weights already mapped. The standby
+is replaced on the reaper's first tick at least ``standby_refill_s`` (1 s) after the
+activated instance is ready, not sooner: the replacement's preparation would compete for the
+CPU with the first requests (measured with bench/peers.py). Standbys count in the node's
+instance budget but are started only where there is room (never by evicting an instance); at
+the limit, a pool that needs room drops a standby before an idle instance is evicted. A
+standby that dies is replaced on the reaper's tick. Three failed preparations in a row stop
+the refills (logged) until an instance of the function starts: a broken function never
+becomes a start loop.
 """
 
 from __future__ import annotations

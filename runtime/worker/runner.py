@@ -27,7 +27,6 @@ from opentelemetry import trace
 
 from trims.config import admin_socket_for, default_socket, format_size
 from trims.errors import TrimsError, UpstreamError, ValidationError
-from trims.runtime.executors.warmup import warm_up_threads
 from trims.runtime.functions.context import Context, Request
 from trims.runtime.functions.errors import ClientError
 from trims.runtime.functions.spec import FunctionSpec
@@ -188,9 +187,6 @@ class Worker:
             await self._prepare()
             await self._call(self._models.populate, False)
             PHASES.mark("populated")
-            warmed = await self._call(warm_up_threads, False)
-            PHASES.mark("warmed")
-            log.debug("standby warm-up ran on the thread pools of: %s", ", ".join(warmed))
         log.info("instance %s of %s prepared as a standby in %.1f ms", self.settings.instance_id,
                  self.spec.name, (time.perf_counter() - t0) * 1e3)  # fmt: skip
 

@@ -104,31 +104,6 @@ def test_only_preloaded_frameworks_are_warmed_and_a_failure_is_skipped(
     assert "warm-up of json failed" in caplog.text
 
 
-def test_a_standby_warm_up_starts_the_thread_pools_a_zygote_must_not() -> None:
-    # Note [standby warm-up]: in a process that will not fork, the kernels run on every thread.
-    script = textwrap.dedent(
-        """
-        import json, os
-        import numpy, torch
-        from trims.runtime.executors.warmup import warm_up_threads
-
-        torch.set_num_threads(2)
-        before = len(os.listdir("/proc/self/task"))
-        done = warm_up_threads()
-        after = len(os.listdir("/proc/self/task"))
-        print(json.dumps({"done": done, "before": before, "after": after,
-                          "threads": torch.get_num_threads()}))
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["done"] == ["numpy", "torch"]
-    assert result["after"] > result["before"], "the OpenMP team was started"
-    assert result["threads"] == 2
-
-
 def test_the_onnx_runtime_warm_up_model_is_the_one_its_comment_describes() -> None:
     """ORT_MODEL is kept as bytes (the zygote does not import onnx); rebuilt here, it must match."""
     onnx = pytest.importorskip("onnx")
