@@ -35,9 +35,9 @@ rehearses, before its request, the steps of a start that do not depend on the fu
 (:func:`_rehearse`): it sets up logging, parses a worker's arguments and a spec with a model
 and a V2 signature (argparse, the spec's validators), and makes its event loop and runs it
 once; ``run_worker`` then runs the instance on that loop. Measured in a pooled start of
-``bench/peers.py``'s model (worker log ``start phases``, 5 starts each): about 600 fewer page
-faults after the hand-over, and from the hand-over to init done 11.4-12.2 ms before, 8.0-8.9
-after (parse and settings 2.3 -> 1.1 ms, logging 0.9 -> 0.3, loop and socket 2.1 -> 1.1).
+``bench/peers.py``'s model (worker log ``start phases``, 5 starts each): 740 page faults after
+the hand-over instead of 1,400, and from the hand-over to init done 7.7-8.5 ms instead of
+11.4-12.2 (arguments and spec 2.2 -> 1.1 ms, logging 0.9 -> 0.3, loop and socket 2.1 -> 1.1).
 
 Note [fork safety]: the invariants that keep a fork of this process a working worker.
 

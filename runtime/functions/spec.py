@@ -77,9 +77,13 @@ ENV_NAME = hint(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", "an environment variable name
 #: them: with two instances of a small torch MLP on two cores at 16 requests in flight, about
 #: 85% of the busy worker's CPU was libgomp spinning and it answered 222 req/s; passive waits
 #: gave 1,205 req/s (p50 at c=1 0.5 ms slower). On a shared node an idle-spinning instance
-#: takes CPU from the others, so passive is the default. libgomp reads it once, when loaded: a
-#: spec's own value reaches instances the zygote forks only when the zygote has it too (set it
-#: in the gateway's environment), and reaches spawned processes and containers directly.
+#: takes CPU from the others, so passive is the default. Its price: threads that slept through
+#: an idle spell wake slowly, and a 512 MiB model's first two passes after half a second idle
+#: took 35-50% longer on a 2-core VM (``GOMP_SPINCOUNT=3000`` in the gateway's environment
+#: avoids that, at about 20% of a small model's throughput there; docs/runtime.md). libgomp
+#: reads the variable once, when loaded: a spec's own value reaches instances the zygote forks
+#: only when the zygote has it too (set it in the gateway's environment), and reaches spawned
+#: processes and containers directly.
 WORKER_ENV_DEFAULTS: Mapping[str, str] = MappingProxyType({"OMP_WAIT_POLICY": "PASSIVE"})
 #: The store's model name rule (trims.layout): no '..' anywhere, at most 128 characters.
 MODEL_NAME = hint(
