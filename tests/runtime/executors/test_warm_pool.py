@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pwd
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,17 @@ async def test_a_pooled_worker_acquires_its_model_through_the_store_as_the_unpri
     }
 
 
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The rehearsal sets up logging as a worker would: give this process's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("root_logging")
 def test_the_rehearsal_runs_the_start_steps_and_hands_over_an_open_loop(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -192,6 +204,7 @@ def test_the_rehearsal_runs_the_start_steps_and_hands_over_an_open_loop(
         made.close()
 
 
+@pytest.mark.usefixtures("root_logging")
 def test_a_rehearsal_that_fails_says_why_and_leaves_the_start_to_make_its_loop(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
