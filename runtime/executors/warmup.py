@@ -129,21 +129,17 @@ WARM_UPS: dict[str, Callable[[], None]] = {
 
 
 def warm_up(preloaded: Sequence[str]) -> list[str]:
-    """Run the warm-up of every framework in ``preloaded``; the names of those that ran."""
-    chosen = {name: run for name, run in WARM_UPS.items() if name in preloaded}
-    return _run_warm_ups(chosen, "zygote", "its kernels load on first use")
-
-
-def _run_warm_ups(warm_ups: dict[str, Callable[[], None]], who: str, else_: str) -> list[str]:
-    """Run each warm-up whose framework is imported; a failure is logged and skipped."""
+    """Run the warm-up of every framework in ``preloaded`` that is imported; the names of those
+    that ran. A failure is logged and skipped."""
     done = []
-    for name, run in warm_ups.items():
-        if name not in sys.modules:
+    for name, run in WARM_UPS.items():
+        if name not in preloaded or name not in sys.modules:
             continue
         try:
             run()
         except Exception:
-            log.warning("%s warm-up of %s failed; %s", who, name, else_, exc_info=True)
+            log.warning("zygote warm-up of %s failed; its kernels load on first use", name,
+                        exc_info=True)  # fmt: skip
             continue
         done.append(name)
     return done
