@@ -54,6 +54,7 @@ from trims.runtime.worker.sandbox import (
     verify_unprivileged,
 )
 from trims.runtime.worker.server import ListenAddress, WorkerServer
+from trims.runtime.worker.team import make_team, uses_torch
 from trims.runtime.worker.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,7 @@ class Worker:
         with self._span("worker.init"):
             await self._prepare()
             await self._init()
+            await self._make_team()
         self._log_ready(t0)
 
     async def prepare_standby(self) -> None:
@@ -251,6 +253,20 @@ class Worker:
         if code.init is not None:
             await self._call(code.init, asyncio.iscoroutinefunction(code.init), self._ctx)
             PHASES.mark("init")
+
+    async def _make_team(self) -> None:
+        """torch's thread team on the thread that will run the function's calls, when its code
+        imports torch (Note [team before the first request] in
+        :mod:`trims.runtime.worker.team`): queued without waiting at a concurrency of 1."""
+        code = self._code
+        assert code is not None
+        if "torch" not in sys.modules or not uses_torch(code.handler, code.infer, code.init):
+            return
+        if self.spec.scaling.concurrency > 1:
+            await self._call(_make_team, False)
+            PHASES.mark("team")
+        else:
+            self._pool.submit(_make_team)
 
     async def _call(self, fn: Any, is_async: bool, *args: Any) -> Any:
         if is_async:
@@ -354,6 +370,14 @@ class Worker:
     def close(self) -> None:
         self._models.release_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _make_team() -> None:
+    """:func:`make_team`, which is an optimisation: a failure is logged, never raised."""
+    try:
+        make_team()
+    except Exception as e:
+        log.debug("torch's thread team not made ahead (%s); the first request makes it", e)
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.unprivileged import writable_by_functions
+from tests.fixtures.workers import connect_worker, free_port
 from trims.errors import Unavailable
 from trims.runtime.wire import Kind
-from trims.runtime.worker.client import WorkerConnection, raise_for_error
+from trims.runtime.worker.client import raise_for_error
 from trims.runtime.worker.exits import EXIT_INIT_FAILED
 
 SLOW = """
@@ -32,12 +32,6 @@ def handler(request, ctx):
     time.sleep(float(request.text() or 0))
     return {"pid": __import__("os").getpid()}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -70,19 +64,10 @@ def worker(tmp_path: Path) -> Iterator[object]:
         proc.wait()
 
 
-async def _connect(address: str) -> WorkerConnection:
-    for _ in range(2000):
-        try:
-            return await WorkerConnection.open(address)
-        except OSError:
-            await asyncio.sleep(0.01)
-    raise AssertionError(f"worker never listened on {address}")
-
-
 async def test_tcp_worker_serves_and_drains_on_sigterm(worker: object) -> None:
-    port = _free_port()
+    port = free_port()
     proc = worker(f"tcp:127.0.0.1:{port}")  # type: ignore[operator]
-    conn = await _connect(f"tcp:127.0.0.1:{port}")
+    conn = await connect_worker(f"tcp:127.0.0.1:{port}")
     hello = await conn.hello()
     assert hello["state"] == "ready" and hello["pid"] == proc.pid
     frame = await conn.request(Kind.INVOKE, None, b"0", timeout=30)
@@ -108,7 +93,7 @@ async def test_init_failure_is_told_to_the_first_client_then_the_worker_exits(
     # Run as root, the worker drops to nobody: its socket goes where nobody may write.
     path = writable_by_functions(tmp_path / "run") / "w.sock"
     proc = worker(f"unix:{path}", {"fail": True})  # type: ignore[operator]
-    conn = await _connect(f"unix:{path}")
+    conn = await connect_worker(f"unix:{path}")
     hello = await conn.hello()
     assert hello["state"] == "failed"
     # An unexpected exception says where it was raised: the worker's log goes with it.
