@@ -173,7 +173,7 @@ class Infer:
 class Trims:
     """A daemon and a gateway process; functions serving ``peers_model`` from ``code``."""
 
-    def __init__(self, root: Path, models: dict[str, Path], warm_pool: int = 0) -> None:
+    def __init__(self, root: Path, models: dict[str, Path], warm_pool: int = 1) -> None:
         from trims.runtime.client import StoreClient
 
         self.root, self.models = root, models
@@ -773,8 +773,8 @@ def main() -> int:
     parser.add_argument(
         "--warm-pool",
         type=int,
-        default=0,
-        help="the trims gateway's --warm-pool (0, its default: every start forks)",
+        default=1,
+        help="the trims gateway's --warm-pool (1, its default; 0: every start forks)",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")

@@ -56,6 +56,9 @@ class _Connection:
         self.client_name = client_name
         self.lock = threading.Lock()
         self.sock: socket.socket | None = None
+        #: A socket already connected for this client by another process (:meth:`adopt`),
+        #: greeted on first use.
+        self.handed: socket.socket | None = None
         #: Bumped on every (re)connect; leases remember the generation they came from.
         self.generation = 0
         self.greeting: dict[str, Any] = {}
@@ -69,13 +72,18 @@ class _Connection:
         )
 
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.path))
-        except OSError as e:
+        sock, self.handed = self.handed, None
+        if sock is not None and _closed_by_peer(sock):
             sock.close()
-            raise self._unavailable("connect", e) from e
+            sock = None
+        if sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self.path))
+            except OSError as e:
+                sock.close()
+                raise self._unavailable("connect", e) from e
         self.sock = sock
         self.generation += 1
         try:
@@ -93,10 +101,20 @@ class _Connection:
                 self._connect()
             return self.greeting
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Use ``sock``, connected to this endpoint by another process, for the next connection
+        (instead of connecting: this process may not be allowed to)."""
+        with self.lock:
+            self._drop()
+            self.handed = sock
+
     def _drop(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self.handed is not None:
+            self.handed.close()
+            self.handed = None
 
     def close(self) -> None:
         with self.lock:
@@ -310,6 +328,16 @@ class StoreClient:
         if self._closed:
             raise Unavailable(f"this StoreClient for {self.socket_path} was closed; open a new one")
         return self._store.ensure()
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Take over ``sock``, a connection to the store socket that a process allowed to
+        connect made for this one (a pooled worker's zygote: Note [warm pool] in
+        :mod:`trims.runtime.executors.zygote`); the daemon is greeted on it on first use. A
+        connection the daemon closes later is replaced by one this process makes itself."""
+        if self._closed:
+            raise Unavailable(f"this StoreClient for {self.socket_path} was closed; open a new one")
+        sock.settimeout(self._store.timeout)
+        self._store.adopt(sock)
 
     def close(self) -> None:
         """Close both sockets; the daemon ends this client's leases. Mappings stay valid."""

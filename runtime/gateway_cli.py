@@ -138,7 +138,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="K",
         help="local: workers each zygote keeps forked ahead of need, as the run-as user, for "
-        "faster scale-from-zero starts (default $TRIMS_WARM_POOL, else 0: off)",
+        "faster scale-from-zero starts; 0 turns it off (default $TRIMS_WARM_POOL, else 1)",
     )
     parser.add_argument(
         "--environment",

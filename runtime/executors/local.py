@@ -79,11 +79,12 @@ class LocalExecutorSettings:
     #: Workers each zygote keeps forked ahead of need, already running as ``run_as`` and not
     #: yet bound to a function (Note [warm pool] in :mod:`trims.runtime.executors.zygote`); a
     #: start takes one instead of forking, and the zygote forks its replacement when idle.
-    #: Default 0 (off): an idle node then holds no process it did not need, and each pooled
-    #: worker costs a process (a few MiB private), a store connection and its
-    #: ``run_as`` user's process count, on every environment's zygote; turn it on
-    #: (``--warm-pool 1``) where scale-from-zero latency matters.
-    warm_pool: int = 0
+    #: Default 1: a scale from zero then skips the fork and its copy-on-write faults (the
+    #: gateway's instance start about 11 ms instead of about 24 with ``bench/peers.py``'s
+    #: model), for one process per environment's zygote (about 7 MiB private: Note [warm
+    #: pool]) and a place in the ``run_as`` user's process count; 0 turns it off (an idle node
+    #: then holds no process it did not need), more serves bursts of starts.
+    warm_pool: int = 1
 
     def __post_init__(self) -> None:
         if self.warm_pool < 0:
@@ -377,7 +378,9 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         zygote = await self._zygote_or_none(spec.environment)
         if zygote is not None:
             argv = self._worker_argv(spec, instance_id, socket_path, zygote.process.pid, standby)
-            process = await zygote.fork(argv, env=env, cwd=cwd, log_path=str(log_path))
+            process = await zygote.fork(
+                argv, env=env, cwd=cwd, log_path=str(log_path), store=bool(spec.models)
+            )
         else:
             argv = self._worker_argv(spec, instance_id, socket_path, os.getpid(), standby)
             with log_path.open("ab") as logf:

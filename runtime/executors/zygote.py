@@ -6,7 +6,7 @@ inherits the imported modules copy-on-write and goes straight to the worker's ma
 Protocol (newline-delimited JSON over a socketpair; the executor holds the other end)::
 
     zygote -> executor  {"event": "ready", "pid", "preloaded", "warmed"}        once, after imports
-    executor -> zygote  {"op": "fork", "id", "argv", "env", "cwd", "log"}      start a worker
+    executor -> zygote  {"op": "fork", "id", "argv", "env", "cwd", "log", "store"}  start a worker
     zygote -> executor  {"event": "forked", "id", "pid"} | {"event": "error", "id", "message"}
     executor -> zygote  {"op": "signal", "pid", "signal"}                      to its process group
     zygote -> executor  {"event": "exit", "pid", "status"}                     raw wait status
@@ -14,19 +14,27 @@ Protocol (newline-delimited JSON over a socketpair; the executor holds the other
 
 Note [warm pool]: with ``pool`` size k > 0 the zygote keeps k workers forked ahead of need, each
 already confined as far as it can be without knowing its function: signals reset, its own
-process group, connected to the store (only when it drops privileges: the store socket may be
-closed to that user), dropped to the ``run_as`` user (never root: the same
+process group, dropped to the ``run_as`` user (never root: the same
 :func:`~trims.runtime.worker.sandbox.confine` as any worker) and tied to the zygote's life. It
 then waits on its end of a socketpair. A ``fork`` request takes the oldest pooled worker: the
-zygote opens the instance's log (as a fresh fork would, with the zygote's rights), passes the
-descriptor and the request over that socketpair and reports the pooled worker's pid as
-``forked``; the worker takes its log, cwd, environment and memory limit from the request and
-runs that one instance, then exits like any other: a pooled worker is never reused. The pool
+zygote opens the instance's log and, when the worker dropped privileges, a connection to the
+store (both as a fresh fork would, with the zygote's rights: the store socket may be closed to
+the ``run_as`` user), passes the descriptors and the request over that socketpair and reports
+the pooled worker's pid as ``forked``; the worker takes its log, cwd, environment and memory
+limit from the request, greets the store on that connection when it first needs a model, and
+runs that one instance, then exits like any other: a pooled worker is never reused. (Pooled
+workers once connected to the store before their drop and then waited: the daemon closes a
+connection without leases after its idle timeout, 60 s by default, and the worker, no longer
+allowed to connect, failed its start.) The daemon sees the zygote as the process that
+connected (its pid in lease listings; the uid is the zygote's, as it is for a fork's own
+connection, made before its drop); a function without models gets no connection. The pool
 is refilled when the zygote has no request waiting, a moment after the last take (the fork of
 its replacement would otherwise compete for the CPU with the instance that just started). A
 pooled worker that dies before it is taken is reaped silently; after a few such deaths in a
 row the pool stops refilling (logged), so a broken setup never turns into a fork loop; starts
-then fork as without a pool.
+then fork as without a pool. A waiting pooled worker costs about 7 MiB of private memory
+(``smaps_rollup`` of one beside its zygote with torch imported: Private_Dirty 7.2 MiB), one
+process of the ``run_as`` user, and no store connection.
 
 Note [start rehearsal]: a forked worker pays for the first run of everything it does: the
 pages of the zygote's heap it writes to (reference counts, caches, the allocator's lists) are
@@ -65,6 +73,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
@@ -77,7 +86,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from trims.errors import Unavailable
@@ -103,6 +111,8 @@ _POOL_FAILURES = 3
 #: process that has torch imported, and confining the child, compete for the CPU with the
 #: starting instance (on 2 cores it made a pooled start slower than a plain fork).
 _REFILL_DELAY_S = 0.25
+#: Seconds the zygote waits to connect a pooled worker to the store at hand-over.
+_STORE_CONNECT_TIMEOUT_S = 0.5
 
 
 class _ZygoteServer:
@@ -234,8 +244,10 @@ class _ZygoteServer:
             except OSError:
                 self.pool[pid] = sock  # the fresh fork reports the same failure in its log
                 return None
+            store = _store_connection(self.pool_config) if req.get("store", True) else None
             try:
-                socket.send_fds(sock, [b"L"], [fd])
+                fds = [fd] if store is None else [fd, store.fileno()]
+                socket.send_fds(sock, [b"L"], fds)
                 sock.sendall(json.dumps(req).encode())
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -243,6 +255,8 @@ class _ZygoteServer:
             finally:
                 os.close(fd)
                 sock.close()
+                if store is not None:
+                    store.close()
             self.pool_failures = 0
             self.refill_at = time.monotonic() + _REFILL_DELAY_S
             return pid
@@ -326,10 +340,10 @@ class _ZygoteServer:
             received = _receive_request(sock)
             if received is None:
                 return 0  # the pool shrank or the zygote is closing
-            req, fd = received
+            req, fd, store_fd = received
             _mark("taken")
             _bind(req, fd)
-            return _run_worker_argv(req["argv"], prepared)
+            return _run_worker_argv(req["argv"], _with_store(prepared, store_fd))
 
         _exit_with(run)
 
@@ -359,45 +373,64 @@ def _mark(phase: str) -> None:
 
 
 def _bind(req: dict[str, Any], log_fd: int) -> None:
-    """Take the request's log (``log_fd``, closed here), cwd and environment."""
+    """Take the request's log (``log_fd``, closed here), cwd and environment.
+
+    A pooled worker has dropped privileges already: a working directory its user may not enter
+    (a code folder made unreadable after deploy) leaves it in ``/``, said in its log, and the
+    worker's own check of the code folder then fails the start with the folder and the user,
+    as in a fresh fork, which enters the directory before its drop."""
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    os.chdir(req["cwd"])
+    try:
+        os.chdir(req["cwd"])
+    except OSError as e:
+        print(f"zygote: cannot enter the working directory ({e}); running in /", file=sys.stderr)
+        os.chdir("/")
     os.environ.clear()
     os.environ.update(req["env"])
 
 
 def _prepare_pooled(config: Mapping[str, Any]) -> Any:
     """Everything a pooled worker does before it knows its function (Note [warm pool])."""
-    from trims.errors import Unavailable
-    from trims.runtime.client import StoreClient
     from trims.runtime.worker.imports import TRACING_MODULES, preimport
     from trims.runtime.worker.runner import Prestarted
-    from trims.runtime.worker.sandbox import Confinement, confine, effective_run_as
+    from trims.runtime.worker.sandbox import Confinement, confine
 
     _reseed()
     if config.get("tracing"):
         preimport(TRACING_MODULES)
     run_as = config.get("run_as")
-    store_socket = config.get("store_socket")
-    store: list[Any] = []
+    dropped_to = confine(Confinement(run_as=run_as, parent_pid=os.getppid()))
+    return Prestarted(run_as=run_as, dropped_to=dropped_to, loop=_rehearse())
 
-    def connect() -> None:
-        # Quietly: a store that is down now is tried again at bind, and logged there.
-        client = StoreClient(Path(store_socket) if store_socket else None)
-        with contextlib.suppress(Unavailable):
-            client.connect()
-            store.append(client)
 
-    # Connected now only where the drop may close the socket to the user; else at bind.
-    dropping = effective_run_as(run_as) is not None and os.geteuid() == 0
-    dropped_to = confine(
-        Confinement(run_as=run_as, parent_pid=os.getppid()), connect if dropping else None
-    )
-    return Prestarted(
-        run_as=run_as, store=store[0] if store else None, dropped_to=dropped_to, loop=_rehearse()
-    )
+def _store_connection(config: Mapping[str, Any]) -> socket.socket | None:
+    """A connection to the store for a pooled worker that dropped privileges, made by the
+    zygote when it hands the worker a request (Note [warm pool]); None when the worker can
+    connect itself (no drop) or the store does not answer now (the worker then tries itself,
+    and says so)."""
+    from trims.config import default_socket
+    from trims.runtime.worker.sandbox import effective_run_as
+
+    if effective_run_as(config.get("run_as")) is None or os.geteuid() != 0:
+        return None
+    path = config.get("store_socket") or str(default_socket(os.environ))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(_STORE_CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _with_store(prepared: Any, store_fd: int | None) -> Any:
+    """``prepared`` holding the store connection the zygote handed over, if any."""
+    if store_fd is None:
+        return prepared
+    return dataclasses.replace(prepared, store_connection=socket.socket(fileno=store_fd))
 
 
 #: A worker's arguments for :func:`_rehearse`: a spec with a model and a V2 signature, so the
@@ -436,11 +469,11 @@ def _rehearse() -> asyncio.AbstractEventLoop | None:
     return loop
 
 
-def _receive_request(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
-    """Block until the zygote hands this pooled worker a request: (request, log fd), or None
-    on EOF (never bound)."""
+def _receive_request(sock: socket.socket) -> tuple[dict[str, Any], int, int | None] | None:
+    """Block until the zygote hands this pooled worker a request: (request, log fd, store
+    connection fd or None), or None on EOF (never bound)."""
     try:
-        msg, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        msg, fds, _, _ = socket.recv_fds(sock, 1, 2)
         if not msg or not fds:
             return None
         chunks = []
@@ -448,7 +481,7 @@ def _receive_request(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
             chunks.append(chunk)
     finally:
         sock.close()
-    return json.loads(b"".join(chunks)), fds[0]
+    return json.loads(b"".join(chunks)), fds[0], (fds[1] if len(fds) > 1 else None)
 
 
 def _reseed() -> None:
@@ -634,8 +667,16 @@ class ZygoteHandle:
         self._writer.write(json.dumps(message).encode() + b"\n")
 
     async def fork(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, log_path: str
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        log_path: str,
+        store: bool = True,
     ) -> ZygoteChild:
+        """A worker running ``argv``; ``store``: whether it will use the model store (a pooled
+        worker is then handed a connection: Note [warm pool])."""
         if not self.alive():
             raise Unavailable(self.error or "zygote process is not running")
         rid = self._next_id
@@ -644,7 +685,7 @@ class ZygoteHandle:
         self._forks[rid] = fut
         self._send(
             {"op": "fork", "id": rid, "argv": list(argv), "env": dict(env), "cwd": cwd,
-             "log": log_path}
+             "log": log_path, "store": store}
         )  # fmt: skip
         pid = await fut
         child = ZygoteChild(self, pid)

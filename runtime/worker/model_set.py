@@ -8,6 +8,7 @@ leases to the connection).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +48,18 @@ class ModelSet:
             log.debug("model %s: mapping populated for the standby (%s)", key, how or "nothing")
 
 
-def connect_store(store_socket: Path | None) -> Any:
+def connect_store(store_socket: Path | None, handed: socket.socket | None = None) -> Any:
     """A store client connected now (before the worker drops privileges, so a worker running
-    as another user keeps a connection it could not open itself). Unreachable -> not yet
-    connected; the models then fall back to their sources."""
+    as another user keeps a connection it could not open itself), or on ``handed``, a
+    connection a process allowed to connect made for it (a pooled worker's zygote), greeted
+    on first use. Unreachable -> not yet connected; the models then fall back to their
+    sources."""
     from trims.runtime.client import StoreClient
 
     client = StoreClient(store_socket)
+    if handed is not None:
+        client.adopt(handed)
+        return client
     try:
         client.connect()
     except Unavailable as e:

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -111,13 +112,15 @@ class Prestarted:
 
     #: The ``run_as`` it was confined for; a request asking for another user is refused.
     run_as: str | None
-    #: A StoreClient connected before the drop (None: not connected yet).
-    store: Any
     #: The user it dropped to (None: it runs as its own user).
     dropped_to: str | None
     #: The event loop it made and ran once ahead (Note [start rehearsal] in
     #: trims.runtime.executors.zygote; None: one is made at start).
     loop: asyncio.AbstractEventLoop | None = None
+    #: A connection to the store the zygote made for it when it handed over the request (it
+    #: dropped privileges, and the store socket may be closed to its user); None: it
+    #: connects itself.
+    store_connection: socket.socket | None = None
 
 
 def _bind_prestarted(settings: WorkerSettings, pre: Prestarted) -> Any:
@@ -130,13 +133,12 @@ def _bind_prestarted(settings: WorkerSettings, pre: Prestarted) -> Any:
         )
     if c.memory_bytes is not None:
         apply_memory_limit(c.memory_bytes, c.threads)
-    store = pre.store
-    if settings.spec.models and store is None:
-        store = connect_store(settings.store_socket)
-    elif not settings.spec.models and store is not None:
-        store.close()
-        store = None
-    return store
+    handed = pre.store_connection
+    if not settings.spec.models:
+        if handed is not None:
+            handed.close()
+        return None
+    return connect_store(settings.store_socket, handed)
 
 
 class Worker:

@@ -239,3 +239,35 @@ def test_a_connection_the_daemon_closed_for_idleness_is_replaced(
             readable, _, _ = select.select([c._store.sock], [], [], 1.0)
             assert not readable
             assert lease.numpy()["steps"][0] == 7
+
+
+def test_an_adopted_connection_is_greeted_on_first_use_and_replaced_once_closed(
+    start_daemon: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    """A connection another process made (a pooled worker's zygote) serves the client; one the
+    daemon has closed before the first call is dropped and the client connects itself."""
+    import select
+    import socket
+
+    daemon = start_daemon(idle_timeout=0.3)
+    with StoreClient(daemon.socket) as admin:
+        admin.add("mlp", model_file)
+    handed = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    handed.connect(str(daemon.socket))
+    with StoreClient(daemon.socket) as c:
+        c.adopt(handed)
+        assert c._store.sock is None  # not greeted yet
+        with c.acquire("mlp") as lease:
+            assert c._store.sock is handed
+            assert lease.numpy()["steps"][0] == 7
+    assert handed.fileno() == -1  # closed with the client
+
+    closed = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    closed.connect(str(daemon.socket))
+    with StoreClient(daemon.socket) as c:
+        c.adopt(closed)
+        readable, _, _ = select.select([closed], [], [], 30.0)
+        assert readable, "the daemon did not close the idle connection"
+        assert c.list()[0]["name"] == "mlp"
+        assert c._store.sock is not None and c._store.sock is not closed
+        assert closed.fileno() == -1

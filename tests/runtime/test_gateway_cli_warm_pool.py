@@ -22,7 +22,8 @@ def test_the_flag_and_the_variable_set_the_pool_and_the_flag_wins() -> None:
     assert _options("--warm-pool", "2")["warm_pool"] == 2
     assert _options(env={"TRIMS_WARM_POOL": "1"})["warm_pool"] == 1
     assert _options("--warm-pool", "0", env={"TRIMS_WARM_POOL": "3"})["warm_pool"] == 0
-    assert LocalExecutorSettings(**_options("--warm-pool", "1")).warm_pool == 1  # type: ignore[arg-type]
+    assert LocalExecutorSettings(**_options()).warm_pool == 1  # type: ignore[arg-type]
+    assert LocalExecutorSettings(**_options("--warm-pool", "0")).warm_pool == 0  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

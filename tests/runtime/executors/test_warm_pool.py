@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pwd
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import uvloop
 
 from trims.errors import ValidationError
+from trims.protocol import recv_frame, send_frame
 from trims.runtime.executors import zygote as zygote_module
 from trims.runtime.executors.local import LocalExecutor, LocalExecutorSettings
 from trims.runtime.functions.spec import FunctionSpec
@@ -122,8 +124,8 @@ async def test_a_stopped_instance_of_a_pooled_worker_exits_and_is_not_reused(
 async def test_without_a_pool_nothing_is_forked_ahead(
     local_executor: Callable[..., LocalExecutor], make_function: MakeFunction
 ) -> None:
-    executor = local_executor()
-    assert executor.settings.warm_pool == 0
+    assert LocalExecutorSettings().warm_pool == 1  # on by default
+    executor = local_executor(warm_pool=0)
     await executor.prepare()
     zygote = executor.zygote_pid
     assert zygote is not None
@@ -137,13 +139,33 @@ def test_a_negative_pool_is_refused() -> None:
         LocalExecutorSettings(warm_pool=-1)
 
 
+def _outlive_idle_timeout(store_socket: Path) -> None:
+    """Connect to the store, greet it, and wait until the daemon closes this connection for
+    being idle: every connection without leases that was idle before it is closed by then."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(60)
+        sock.connect(str(store_socket))
+        send_frame(sock, {"id": 1, "op": "hello", "args": {"client": "idle probe"}})
+        assert recv_frame(sock)[0]["ok"]
+        closing, _ = recv_frame(sock)
+        assert closing["id"] is None and "idle" in closing["error"]["message"]
+
+
+@pytest.mark.parametrize("waited", [False, True], ids=["fresh", "past-idle-timeout"])
 async def test_a_pooled_worker_acquires_its_model_through_the_store_as_the_unprivileged_user(
     start_daemon: Callable[..., object],
     make_function: MakeFunction,
     local_executor: Callable[..., LocalExecutor],
+    waited: bool,
 ) -> None:
+    """``waited``: the pool's worker waited longer than the daemon's idle timeout, after which
+    the daemon closes a connection without leases; the store socket (0660) is closed to the
+    unprivileged user. A pooled worker that connected before its drop lost its connection
+    and could not make another (its start failed with EACCES); the zygote now connects it
+    when it hands over the request."""
     weights = np.arange(1000, dtype=np.float32)
-    daemon = start_daemon(models={"vec": {"w": weights}})
+    options = {"idle_timeout": 0.2} if waited else {}
+    daemon = start_daemon(models={"vec": {"w": weights}}, **options)
     spec = make_function(
         """
         import os
@@ -160,6 +182,12 @@ async def test_a_pooled_worker_acquires_its_model_through_the_store_as_the_unpri
     zygote = executor.zygote_pid
     assert zygote is not None
     (pooled,) = await _wait_children(zygote, 1)
+    if waited:
+        deadline = time.monotonic() + 60
+        while _uid(pooled) != _expected_uid(executor):  # confined: past a connect before it
+            assert time.monotonic() < deadline, "the pooled worker never dropped privileges"
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(_outlive_idle_timeout, daemon.socket)  # type: ignore[attr-defined]
     instance = await executor.start(spec, "vec-1")
     await instance.wait_ready(60)
     reply = json.loads((await instance.invoke(b"", {}, timeout=30, trace={})).body)
@@ -193,7 +221,7 @@ def test_the_rehearsal_runs_the_start_steps_and_hands_over_an_open_loop(
         assert isinstance(loop, uvloop.Loop)
         assert not loop.is_closed() and not loop.is_running()
         assert capsys.readouterr().err == ""
-        prestarted = Prestarted(run_as=None, store=None, dropped_to=None, loop=loop)
+        prestarted = Prestarted(run_as=None, dropped_to=None, loop=loop)
         assert _loop_factory(prestarted)() is loop
     finally:
         loop.close()
