@@ -22,7 +22,10 @@ a [1, 4096] (or [1, 64]) float32 ``input``, and the same torch forward pass over
   with the CPU torch build here its workers otherwise spin on the cores they share, and it
   answered 188 req/s at c=16 instead of 657.
 
-Cases, interleaved run by run (trims, MLServer, trims, ...), each with the page cache warm and
+Cases, interleaved run by run in ABBA order (even runs trims then MLServer for each tier, odd
+runs MLServer first: a case measured right after the other system's work starts slower, and
+with a fixed order trims' scale from zero always came right after MLServer's process start
+and MLServer's load right after trims' standby), each with the page cache warm and
 dropped right before (``echo 3 > /proc/sys/vm/drop_caches``), every warm run first: a drop
 evicts the library code no live process has mapped, and a warm case that came right after
 the other system's dropped one met a cache that was cold for it (trims' first responses took
@@ -391,6 +394,29 @@ async def trims_cold(
     return first, warm, start
 
 
+async def _trims_cold_cases(
+    session: Any,
+    trims: Trims,
+    args: argparse.Namespace,
+    tier: str,
+    cache: str,
+    run: int,
+    firsts: dict[tuple[str, str, str | None, str], list[tuple[float, float]]],
+    starts: dict[tuple[str, str | None, str], list[float]],
+) -> None:
+    """trims' cases of one run for ``tier``: scale from zero, then (CPU tier) a standby."""
+    for standby in (False, True) if tier == "cpu" else (False,):
+        case = "standby" if standby else "scale_from_zero"
+        name = f"full-{tier}-{cache}-{run}{'-sb' if standby else ''}"
+        first, warm, start = await trims_cold(
+            session, trims, name, args.width, tier, cache, standby
+        )
+        firsts.setdefault(("trims", case, tier, cache), []).append((first, warm))
+        if start is not None:
+            starts.setdefault((case, tier, cache), []).append(start)
+        log_run("trims", f"{case}/{tier}", cache, run, first, warm)
+
+
 async def cold(
     session: Any, trims: Trims, root: Path, full: Path, args: argparse.Namespace, caches: list[str]
 ) -> list[dict[str, Any]]:
@@ -408,26 +434,20 @@ async def cold(
         for cache in caches:
             for run in range(args.runs):
                 for tier, peer_case in (("cpu", "load"), ("disk", "process_start")):
-                    if "trims" in args.systems:
-                        for standby in (False, True) if tier == "cpu" else (False,):
-                            case = "standby" if standby else "scale_from_zero"
-                            name = f"full-{tier}-{cache}-{run}{'-sb' if standby else ''}"
-                            first, warm, start = await trims_cold(
-                                session, trims, name, args.width, tier, cache, standby
+                    # ABBA: each system goes first in every other run (see the docstring)
+                    for system in ("trims", "mlserver") if run % 2 == 0 else ("mlserver", "trims"):
+                        if system == "trims" and "trims" in args.systems:
+                            await _trims_cold_cases(
+                                session, trims, args, tier, cache, run, firsts, starts
                             )
-                            key = ("trims", case, tier, cache)
-                            firsts.setdefault(key, []).append((first, warm))
-                            if start is not None:
-                                starts.setdefault((case, tier, cache), []).append(start)
-                            log_run("trims", f"{case}/{tier}", cache, run, first, warm)
-                    if loader is not None:
-                        first, warm = await mlserver_cold(
-                            session, loader, root, full, v2_body(args.width), cache, peer_case
-                        )
-                        firsts.setdefault(("mlserver", peer_case, None, cache), []).append(
-                            (first, warm)
-                        )
-                        log_run("mlserver", peer_case, cache, run, first, warm)
+                        elif system == "mlserver" and loader is not None:
+                            first, warm = await mlserver_cold(
+                                session, loader, root, full, v2_body(args.width), cache, peer_case
+                            )
+                            firsts.setdefault(("mlserver", peer_case, None, cache), []).append(
+                                (first, warm)
+                            )
+                            log_run("mlserver", peer_case, cache, run, first, warm)
     finally:
         if loader is not None:
             loader.stop()
@@ -717,7 +737,9 @@ async def run_all(root: Path, args: argparse.Namespace, only: list[str]) -> dict
         caches.remove("dropped")
         doc["notes"].append(f"the dropped-cache cases were skipped: {why}")
     trims = Trims(root, {"full": full, "mlp": mlp}, args.warm_pool)
-    connector = aiohttp.TCPConnector(limit=1024)
+    # Idle connections are closed here before a server closes them (MLServer's uvicorn after
+    # 5 s): a request sent on one the server was closing failed with "Server disconnected".
+    connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=2.0)
     timeout = aiohttp.ClientTimeout(total=600)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
