@@ -88,7 +88,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from trims.errors import Unavailable
+from trims.errors import Unavailable, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,9 @@ class _ZygoteServer:
         #: Pooled, not yet bound workers (Note [warm pool]): pid -> the zygote's socket end.
         self.pool: dict[int, socket.socket] = {}
         self.pool_config: dict[str, Any] = {}
+        #: The store socket the zygote connects pooled workers to at hand-over (None: they
+        #: connect themselves), decided once per pool configuration.
+        self.pool_store_socket: str | None = None
         #: Pooled workers sent away unbound (the pool shrank): reaped without a report.
         self.retired: set[int] = set()
         self.pool_size = 0
@@ -192,6 +195,7 @@ class _ZygoteServer:
         elif req["op"] == "pool":
             self.pool_size = max(0, int(req["size"]))
             self.pool_config = req
+            self.pool_store_socket = _handed_store_socket(req)
             self.pool_failures = 0
             for pid in list(self.pool)[self.pool_size :]:
                 self.pool.pop(pid).close()  # EOF: the pooled worker exits
@@ -244,7 +248,8 @@ class _ZygoteServer:
             except OSError:
                 self.pool[pid] = sock  # the fresh fork reports the same failure in its log
                 return None
-            store = _store_connection(self.pool_config) if req.get("store", True) else None
+            path = self.pool_store_socket if req.get("store", True) else None
+            store = None if path is None else _store_connection(path)
             try:
                 fds = [fd] if store is None else [fd, store.fileno()]
                 socket.send_fds(sock, [b"L"], fds)
@@ -405,17 +410,27 @@ def _prepare_pooled(config: Mapping[str, Any]) -> Any:
     return Prestarted(run_as=run_as, dropped_to=dropped_to, loop=_rehearse())
 
 
-def _store_connection(config: Mapping[str, Any]) -> socket.socket | None:
-    """A connection to the store for a pooled worker that dropped privileges, made by the
-    zygote when it hands the worker a request (Note [warm pool]); None when the worker can
-    connect itself (no drop) or the store does not answer now (the worker then tries itself,
-    and says so)."""
+def _handed_store_socket(config: Mapping[str, Any]) -> str | None:
+    """The store socket the zygote connects this pool's workers to when it hands them a request
+    (Note [warm pool]): only when they drop privileges (the socket may be closed to their
+    user); None when they can connect themselves, or when their user is not valid (then they
+    fail their own confinement, and the pool turns itself off)."""
     from trims.config import default_socket
     from trims.runtime.worker.sandbox import effective_run_as
 
-    if effective_run_as(config.get("run_as")) is None or os.geteuid() != 0:
+    if os.geteuid() != 0:
         return None
-    path = config.get("store_socket") or str(default_socket(os.environ))
+    try:
+        if effective_run_as(config.get("run_as")) is None:
+            return None
+    except ValidationError:
+        return None
+    return str(config.get("store_socket") or default_socket(os.environ))
+
+
+def _store_connection(path: str) -> socket.socket | None:
+    """A connection to the store at ``path`` for a pooled worker, made at hand-over; None when
+    the store does not answer now (the worker then tries itself, and says so)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(_STORE_CONNECT_TIMEOUT_S)
     try:

@@ -265,10 +265,10 @@ class Worker:
         if "torch" not in sys.modules or not uses_torch(code.handler, code.infer, code.init):
             return
         if self.spec.scaling.concurrency > 1:
-            await self._call(_make_team, False)
+            await self._call(_make_team_quietly, False)
             PHASES.mark("team")
         else:
-            self._pool.submit(_make_team)
+            self._pool.submit(_make_team_quietly)
 
     async def _call(self, fn: Any, is_async: bool, *args: Any) -> Any:
         if is_async:
@@ -374,7 +374,7 @@ class Worker:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _make_team() -> None:
+def _make_team_quietly() -> None:
     """:func:`make_team`, which is an optimisation: a failure is logged, never raised."""
     try:
         make_team()
