@@ -148,11 +148,25 @@ class Infer:
         self.failures: dict[int, int] = {}
 
     async def pid(self) -> int:
-        async with self.session.post(self.url, data=self.body, headers=self.headers) as r:
-            text = await r.text()
-            if r.status != 200:
-                raise RuntimeError(f"{self.url} answered {r.status}: {text[:300]}")
-        return answer_pid(json.loads(text))
+        """The pid in a 200 answer; a request that found its pooled connection closed by the
+        server before a byte was sent (a server just started can close the one it answered its
+        not-ready probes on) is sent once more, on a new connection."""
+        import aiohttp
+
+        for attempt in (0, 1):
+            try:
+                async with self.session.post(self.url, data=self.body, headers=self.headers) as r:
+                    text = await r.text()
+                    if r.status != 200:
+                        raise RuntimeError(f"{self.url} answered {r.status}: {text[:300]}")
+                return answer_pid(json.loads(text))
+            except (aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as e:
+                unsent = isinstance(e, aiohttp.ClientConnectionResetError) or isinstance(
+                    e.__cause__, aiohttp.ClientConnectionResetError
+                )
+                if attempt or not unsent:
+                    raise
+        raise AssertionError("unreachable")
 
     async def ok(self) -> bool:
         """Whether the answer was 200; other statuses are counted in :attr:`failures` (0: the
