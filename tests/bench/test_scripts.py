@@ -57,6 +57,16 @@ def test_gateway(tmp_path: Path) -> None:
     assert doc["echo_web_rps"] > 0
 
 
+def test_idle_memory(tmp_path: Path) -> None:
+    doc = _run("idle_memory.py", tmp_path / "i.json", "--quick", "--idle", "0,0.01", "--runs", "1")
+    assert doc["quick"] is True and doc["mb"] == 64
+    assert [r["idle_s"] for r in doc["results"]] == [0.0, 0.01]
+    for r in doc["results"]:
+        assert {"idle_s", "after_idle_ms", "warm_ms", "ratio", "touch_ms", "runs"} <= set(r)
+        assert r["after_idle_ms"] > 0 and r["warm_ms"] > 0 and r["runs"] == 1
+        assert r["ratio"] == pytest.approx(r["after_idle_ms"] / r["warm_ms"])
+
+
 @pytest.mark.slow
 def test_density(tmp_path: Path) -> None:
     doc = _run("density.py", tmp_path / "d.json", "--model-mb", "2", "--instances", "2",
