@@ -39,6 +39,17 @@ only ``init`` runs; the counterpart of MLServer's load into a server that alread
 load call into a running server) and ``process_start`` (MLServer started with the model).
 ``first_response_ms`` ends at the first full response; ``warm_ms`` is the next request to the
 same instance and ``overhead_ms`` the median per run of (first - warm).
+
+Note [idle memory]
+~~~~~~~~~~~~~~~~~~
+On some nodes memory that sat unread for a while is slower to read again (this 2-core VM:
+a forward pass over 512 MiB took 1.6x its warm time after 1 s unread, 2.9x after 4 s;
+``bench/idle_memory.py`` measures a node without trims). A first request reads weights that
+sat unread since the case before, the warm request right after it reads them hot, so on such
+a node first / warm measures the idle time as much as the cold start. For trims' CPU-tier cases
+a third request to the same instance therefore waits first as long as the weights had sat
+unread before the first one (``idle_ms``, counted from the benchmark's last full read or load
+of them) and is timed as ``warm_idle_ms``: the warm request to hold the first one against.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trims.tables import markdown_table
 
@@ -194,6 +205,9 @@ class Trims:
         from trims.runtime.client import StoreClient
 
         self.root, self.models = root, models
+        #: when the CPU tier's copy of the models was last read or written whole (see
+        #: :func:`trims_cold`)
+        self.touched = time.perf_counter()
         budget = sum(p.stat().st_size for p in models.values()) * 2 + (256 << 20)
         self.daemon, self.socket = start_daemon(root, cpu_budget=f"{budget >> 20}MiB")
         try:
@@ -205,6 +219,7 @@ class Trims:
                 for name, path in models.items():
                     client.add(name, path)
                     client.load(name, tier="cpu")
+            self.touched = time.perf_counter()
             # the benchmark's client is one peer standing for many users
             self.gateway, self.url = start_gateway(
                 root, "--store-socket", str(self.socket), "--max-connections-per-peer", "1024",
@@ -226,6 +241,7 @@ class Trims:
                 client.evict(model, tier="cpu")
             else:
                 client.load(model, tier="cpu")
+                self.touched = time.perf_counter()
 
     def spec(self, name: str, model: str, width_in: int, **scaling: Any) -> dict[str, Any]:
         out = [
@@ -381,12 +397,31 @@ def prepare_cache(cache: str) -> None:
         drop_caches()
 
 
+class ColdRun(NamedTuple):
+    """One run of a cold case, in seconds (see :func:`trims_cold`)."""
+
+    first: float
+    warm: float
+    #: trims: a warm request after the weights sat idle as long as they had before ``first``
+    #: (None for the disk tier, whose first request reads them fresh from disk, and MLServer)
+    warm_idle: float | None = None
+    #: trims: how long the CPU tier's weights had sat unread when ``first`` was sent (None
+    #: where ``warm_idle`` is)
+    idle: float | None = None
+    #: trims: the instance start as the gateway measured it (its metric), in ms
+    start_ms: float | None = None
+
+
 async def trims_cold(
     session: Any, trims: Trims, name: str, width: int, tier: str, cache: str, standby: bool
-) -> tuple[float, float, float | None]:
+) -> ColdRun:
     """First and warm response of a new function (no instance) on ``full``, and its instance
     start as the gateway saw it; with ``standby`` the function keeps one (``scaling.standby:
-    1``), prepared before the cache is dropped and the clock starts."""
+    1``), prepared before the cache is dropped and the clock starts.
+
+    A third request, to the same instance, waits first as long as the CPU tier's weights had
+    sat unread before the first one (Note [idle memory] in the module's docstring): the warm
+    request such a first request should be held against."""
     spec = trims.spec(name, "full", width, max_instances=1, standby=int(standby))
     url = await trims.deploy(session, spec)
     if standby:
@@ -396,16 +431,29 @@ async def trims_cold(
     prepare_cache(cache)
     infer = Infer(session, url, v2_body(width))
     t0 = time.perf_counter()
+    idle = t0 - trims.touched
     pid = await infer.pid()
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
     assert await infer.pid() == pid, "the warm request met another instance"
     warm = time.perf_counter() - t0
+    trims.touched = time.perf_counter()
+    warm_idle = None
+    if tier == "cpu":
+        await asyncio.sleep(idle)
+        t0 = time.perf_counter()
+        assert await infer.pid() == pid, "the warm request met another instance"
+        warm_idle = time.perf_counter() - t0
+        trims.touched = time.perf_counter()
     start = await trims.instance_start_ms(session, name)
     await trims.delete(session, name, {pid})
     if tier == "disk":
         trims.store("load", "full")
-    return first, warm, start
+    return ColdRun(first, warm, warm_idle, idle if warm_idle is not None else None, start)
+
+
+#: cold runs by (system, case, tier, page cache)
+ColdRuns = dict[tuple[str, str, str | None, str], list[ColdRun]]
 
 
 async def _trims_cold_cases(
@@ -415,27 +463,21 @@ async def _trims_cold_cases(
     tier: str,
     cache: str,
     run: int,
-    firsts: dict[tuple[str, str, str | None, str], list[tuple[float, float]]],
-    starts: dict[tuple[str, str | None, str], list[float]],
+    runs: ColdRuns,
 ) -> None:
     """trims' cases of one run for ``tier``: scale from zero, then (CPU tier) a standby."""
     for standby in (False, True) if tier == "cpu" else (False,):
         case = "standby" if standby else "scale_from_zero"
         name = f"full-{tier}-{cache}-{run}{'-sb' if standby else ''}"
-        first, warm, start = await trims_cold(
-            session, trims, name, args.width, tier, cache, standby
-        )
-        firsts.setdefault(("trims", case, tier, cache), []).append((first, warm))
-        if start is not None:
-            starts.setdefault((case, tier, cache), []).append(start)
-        log_run("trims", f"{case}/{tier}", cache, run, first, warm)
+        r = await trims_cold(session, trims, name, args.width, tier, cache, standby)
+        runs.setdefault(("trims", case, tier, cache), []).append(r)
+        log_run("trims", f"{case}/{tier}", cache, run, r)
 
 
 async def cold(
     session: Any, trims: Trims, root: Path, full: Path, args: argparse.Namespace, caches: list[str]
 ) -> list[dict[str, Any]]:
-    firsts: dict[tuple[str, str, str | None, str], list[tuple[float, float]]] = {}
-    starts: dict[tuple[str, str | None, str], list[float]] = {}
+    runs: ColdRuns = {}
     loader = None
     if "mlserver" in args.systems:
         loader = MLServer(root, {"full": (full, False)}, workers=0, at_startup=False)
@@ -451,49 +493,51 @@ async def cold(
                     # ABBA: each system goes first in every other run (see the docstring)
                     for system in ("trims", "mlserver") if run % 2 == 0 else ("mlserver", "trims"):
                         if system == "trims" and "trims" in args.systems:
-                            await _trims_cold_cases(
-                                session, trims, args, tier, cache, run, firsts, starts
-                            )
+                            await _trims_cold_cases(session, trims, args, tier, cache, run, runs)
                         elif system == "mlserver" and loader is not None:
-                            first, warm = await mlserver_cold(
-                                session, loader, root, full, v2_body(args.width), cache, peer_case
+                            body = v2_body(args.width)
+                            r = await mlserver_cold(
+                                session, loader, root, full, body, cache, peer_case
                             )
-                            firsts.setdefault(("mlserver", peer_case, None, cache), []).append(
-                                (first, warm)
-                            )
-                            log_run("mlserver", peer_case, cache, run, first, warm)
+                            runs.setdefault(("mlserver", peer_case, None, cache), []).append(r)
+                            log_run("mlserver", peer_case, cache, run, r)
     finally:
         if loader is not None:
             loader.stop()
-    return [cold_row(key, pairs, starts) for key, pairs in firsts.items()]
+    return [cold_row(key, rs) for key, rs in runs.items()]
 
 
-def cold_row(
-    key: tuple[str, str, str | None, str],
-    pairs: list[tuple[float, float]],
-    starts: dict[tuple[str, str | None, str], list[float]],
-) -> dict[str, Any]:
+def _median_ms(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) * 1e3 if known else None
+
+
+def cold_row(key: tuple[str, str, str | None, str], runs: list[ColdRun]) -> dict[str, Any]:
     system, case, tier, cache = key
-    s = summary([f for f, _ in pairs])
-    begun = starts.get((case, tier, cache)) if system == "trims" else None
+    s = summary([r.first for r in runs])
+    starts = [r.start_ms for r in runs if r.start_ms is not None]
     return {
         "system": system,
         "case": case,
         "cache": cache,
         "tier": tier,
         "first_response_ms": s["median_s"] * 1e3,
-        "warm_ms": statistics.median(w for _, w in pairs) * 1e3,
-        "overhead_ms": statistics.median(f - w for f, w in pairs) * 1e3,
+        "warm_ms": statistics.median(r.warm for r in runs) * 1e3,
+        "overhead_ms": statistics.median(r.first - r.warm for r in runs) * 1e3,
         "min_ms": s["min_s"] * 1e3,
         "max_ms": s["max_s"] * 1e3,
-        "runs": len(pairs),
-        "instance_start_ms": statistics.median(begun) if begun else None,
+        "runs": len(runs),
+        "instance_start_ms": statistics.median(starts) if starts else None,
+        # the first request (first response less the instance start) against a warm request
+        # after the same idle (Note [idle memory])
+        "warm_idle_ms": _median_ms([r.warm_idle for r in runs]),
+        "idle_ms": _median_ms([r.idle for r in runs]),
     }
 
 
 async def mlserver_cold(
     session: Any, loader: MLServer, root: Path, full: Path, body: bytes, cache: str, case: str
-) -> tuple[float, float]:
+) -> ColdRun:
     """First and warm response after a load call into ``loader`` (``case == "load"``) or after
     starting a new server with the model (``"process_start"``)."""
     if case == "load":
@@ -507,7 +551,7 @@ async def mlserver_cold(
         assert await infer.pid() == pid
         warm = time.perf_counter() - t0
         await loader.repository(session, "full", "unload")
-        return first, warm
+        return ColdRun(first, warm)
     prepare_cache(cache)
     t0 = time.perf_counter()
     server = MLServer(root, {"full": (full, False)}, workers=0)
@@ -520,13 +564,18 @@ async def mlserver_cold(
         warm = time.perf_counter() - t0
     finally:
         server.stop()
-    return first, warm
+    return ColdRun(first, warm)
 
 
-def log_run(system: str, case: str, cache: str, run: int, first: float, warm: float) -> None:
+def log_run(system: str, case: str, cache: str, run: int, r: ColdRun) -> None:
+    idle = (
+        ""
+        if r.warm_idle is None or r.idle is None
+        else f", warm after {r.idle * 1e3:.0f} ms idle {r.warm_idle * 1e3:7.1f} ms"
+    )
     print(
-        f"{system:>8} {case:>22} cache {cache:<7} run {run}: first {first * 1e3:8.1f} ms, "
-        f"warm {warm * 1e3:7.1f} ms",
+        f"{system:>8} {case:>22} cache {cache:<7} run {run}: first {r.first * 1e3:8.1f} ms, "
+        f"warm {r.warm * 1e3:7.1f} ms{idle}",
         file=sys.stderr,
     )
 
@@ -682,6 +731,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 _ms(r["warm_ms"]),
                 _ms(r["overhead_ms"]),
                 _ms(r.get("instance_start_ms")),
+                _ms(r.get("warm_idle_ms"))
+                + (f" ({r['idle_ms'] / 1e3:.1f} s)" if r.get("idle_ms") is not None else ""),
             ]
             for r in doc["cold_start"]
         ]
@@ -695,6 +746,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                     "warm ms",
                     "overhead ms",
                     "instance start ms",
+                    "warm after the same idle ms (idle)",
                 ],
                 rows,
             )

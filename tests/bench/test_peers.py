@@ -48,6 +48,13 @@ def _check_shape(doc: dict[str, Any], systems: set[str]) -> None:
     assert trims_cases == {
         ("scale_from_zero", "cpu"), ("standby", "cpu"), ("scale_from_zero", "disk")
     }  # fmt: skip
+    for r in cold:
+        # Note [idle memory]: trims' CPU-tier cases hold their first request against a warm one
+        # after the same idle; the disk tier's first request reads fresh weights
+        idled = r["system"] == "trims" and r["tier"] == "cpu"
+        assert (r["warm_idle_ms"] is not None) == idled == (r["idle_ms"] is not None)
+        if idled:
+            assert r["warm_idle_ms"] > 0 and r["idle_ms"] > 0
     if "mlserver" in systems:
         assert {r["case"] for r in cold if r["system"] == "mlserver"} == {"load", "process_start"}
     assert {r["system"] for r in doc["memory"]} == systems
