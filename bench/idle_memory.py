@@ -31,7 +31,7 @@ from trims.tables import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import machine, write_json
+from runtime_common import machine, write_outputs
 
 #: the weights' layers: [WIDTH, WIDTH] float32 (64 MiB each at 4096)
 WIDTH = 4096
@@ -162,13 +162,7 @@ def main() -> int:
     where = machine()
     doc = {"results": measure(args.mb, idles, args.runs), "mb": args.mb, "machine": where}
     doc["quick"] = args.quick
-    write_json(args.json, doc)
-    text = render(doc)
-    if args.markdown is not None:
-        from trims.config import write_atomic
-
-        write_atomic(args.markdown, text)
-    print(text)
+    write_outputs(args.json, args.markdown, doc, render(doc))
     return 0
 
 

@@ -87,7 +87,7 @@ from runtime_common import (
     start_gateway,
     summary,
     tree_pids,
-    write_json,
+    write_outputs,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -909,13 +909,7 @@ def main() -> int:
         mlserver_workers=args.mlserver_workers,
         trims_warm_pool=args.warm_pool,
     )
-    write_json(args.json, doc)
-    text = render_markdown(doc)
-    if args.markdown is not None:
-        from trims.config import write_atomic
-
-        write_atomic(args.markdown, text)
-    print(text)
+    write_outputs(args.json, args.markdown, doc, render_markdown(doc))
     return 0
 
 

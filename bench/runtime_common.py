@@ -77,6 +77,19 @@ def write_report(path: Path | None, doc: dict[str, Any], text: str) -> None:
     print(text)
 
 
+def write_outputs(
+    json_path: Path | None, markdown: Path | None, doc: dict[str, Any], text: str
+) -> None:
+    """The JSON at ``json_path`` (stdout without one), the markdown ``text`` at ``markdown``
+    when given, each written atomically; then ``text`` on stdout."""
+    write_json(json_path, doc)
+    if markdown is not None:
+        from trims.config import write_atomic
+
+        write_atomic(markdown, text)
+    print(text)
+
+
 def machine() -> str:
     cpus = os.cpu_count()
     try:
