@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.net import free_port
 from trims.config import format_size
 from trims.errors import UpstreamError, ValidationError
 from trims.runtime.executors.kubernetes import describe_pod_end, pending_reason
@@ -221,16 +222,8 @@ def test_bad_settings_are_refused() -> None:
 def _executor(kube_api: Any, **options: Any) -> Any:
     from trims.runtime.executors.kubernetes import KubernetesExecutor
 
-    settings = KubernetesExecutorSettings(namespace="fns", port=_free_port(), **options)
+    settings = KubernetesExecutorSettings(namespace="fns", port=free_port(), **options)
     return KubernetesExecutor(settings, api_client=kube_api.api_client())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_instance_runs_in_a_pod_answers_and_is_deleted(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,18 +17,13 @@ import aiohttp
 import pytest
 
 from tests.fixtures.gateway import echo_spec
+from tests.fixtures.net import free_port
 from tests.fixtures.store import DaemonProcess
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="the prometheus binary is not installed (apt-get install prometheus)"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -46,7 +40,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
             "  - job_name: trims\n"
             f"    static_configs: [{{targets: {targets!r}}}]\n"
         )
-        port = _free_port()
+        port = free_port()
         log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed with the process
         procs.append(
             subprocess.Popen(

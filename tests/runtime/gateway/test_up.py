@@ -6,13 +6,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 from tests.fixtures.gateway import PRELOAD, pid_alive, wait_until
+from tests.fixtures.net import free_port
 from trims.runtime.functions_cli import GatewayClient
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -47,19 +47,13 @@ def _examples(root: Path) -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_up_serves_the_echo_example_and_stops_everything(tmp_path):
     log = tmp_path / "up.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMS_")}
     env["TRIMS_RUNTIME_DIR"] = str(tmp_path / "run")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     examples = _examples(tmp_path / "examples")
-    metrics_port = _free_port()
+    metrics_port = free_port()
     cmd = [
         sys.executable, "-m", "trims", "up", "--examples", "--port", "0",
         "--examples-dir", str(examples),
