@@ -144,7 +144,9 @@ def render(doc: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mb", type=int, default=512, help="size of the weights")
+    parser.add_argument(
+        "--mb", type=int, default=512, help="size of the weights, in whole 64 MiB layers"
+    )
     parser.add_argument("--idle", default="0,0.25,0.5,1,2", help="seconds, comma-separated")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="64 MiB, 2 runs: checks it works")
@@ -159,6 +161,8 @@ def main() -> int:
         parser.error("--idle needs seconds >= 0; --runs and --mb must be at least 1")
     if args.quick:
         args.mb, args.runs = min(args.mb, 64), min(args.runs, 2)
+    layer_mb = WIDTH * WIDTH * 4 >> 20
+    args.mb = max(1, args.mb // layer_mb) * layer_mb  # what Weights holds
     where = machine()
     doc = {"results": measure(args.mb, idles, args.runs), "mb": args.mb, "machine": where}
     doc["quick"] = args.quick
