@@ -69,12 +69,7 @@ def write_json(path: Path | None, doc: dict[str, Any]) -> None:
 def write_report(path: Path | None, doc: dict[str, Any], text: str) -> None:
     """The JSON at ``path`` and its markdown ``text`` beside it (``.md``), each written
     atomically, then ``text`` on stdout; without ``path`` the JSON goes to stdout too."""
-    write_json(path, doc)
-    if path is not None:
-        from trims.config import write_atomic
-
-        write_atomic(path.with_suffix(".md"), text)
-    print(text)
+    write_outputs(path, None if path is None else path.with_suffix(".md"), doc, text)
 
 
 def write_outputs(
