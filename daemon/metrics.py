@@ -67,6 +67,12 @@ class DaemonMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.hashed_bytes = Counter(
+            "trims_verified_bytes",
+            "Bytes hashed to verify a model's copy against its digest, by tier",
+            ["tier"],
+            registry=r,
+        )
         self.evictions = Counter(
             "trims_evictions", "Models evicted from a tier", ["tier"], registry=r
         )

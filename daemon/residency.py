@@ -72,12 +72,15 @@ class Residency:
         )
         self.loads: dict[str, int] = {t: 0 for t in TIERS}
         self.evictions: dict[str, int] = {t: 0 for t in TIERS}
+        #: Bytes hashed to verify copies, by the tier they were verified for.
+        self.hashed: dict[str, int] = {t: 0 for t in TIERS}
         self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
         #: Disk blobs verified this run, with the stamp they were verified under
         #: (Note [disk re-verification]).
         self._verified: dict[str, Stamp] = {}
         for t, ledger in (*self.ledgers.items(), ("disk", self.disk_ledger)):
             metrics.bytes_budget.labels(t).set(ledger.budget)
+            metrics.hashed_bytes.labels(t)  # exported as 0 until something is hashed
 
     def close(self) -> None:
         for tier in self.tiers.values():
@@ -102,10 +105,18 @@ class Residency:
         self._verified.pop(digest, None)
 
     def mark_verified(self, digest: str) -> None:
-        """The blob was hashed as it was committed just now."""
-        stamp = self.disk.stamp(digest)
-        if stamp is not None:
-            self._verified[digest] = stamp
+        """A commit of ``digest`` just finished: the blob is verified if that commit placed it
+        (hashed) and it has not changed since; a commit that found the blob already on disk
+        hashed only its own temp file, so the blob keeps whatever check it had."""
+        placed = self.disk.take_placed(digest)
+        if placed is not None and placed == self.disk.stamp(digest):
+            self._verified[digest] = placed
+            self.count_hashed("disk", placed.size)
+
+    def count_hashed(self, tier: str, n: int) -> None:
+        """``n`` bytes were hashed to verify a copy for ``tier``."""
+        self.hashed[tier] += n
+        self.metrics.hashed_bytes.labels(tier).inc(n)
 
     def drop_disk_copy(self, digest: str, reason: str) -> None:
         """Delete a blob that must never be served (failed a check, or no committed row names
@@ -338,13 +349,14 @@ class Residency:
                 ledger.reserved += size
                 started = time.monotonic()
                 try:
-                    await asyncio.to_thread(
+                    loaded = await asyncio.to_thread(
                         self.tiers[tier].load,
                         record.digest,
                         self.disk.path(record.digest),
                         size,
                         record.key,
                         progress,
+                        self._verified.get(record.digest),
                     )
                 except CorruptModel as e:
                     self.drop_disk_copy(
@@ -356,6 +368,9 @@ class Residency:
                 finally:
                     ledger.reserved -= size
                 ledger.add(record.digest, size)
+                if loaded.stamp is not None:
+                    self._verified[record.digest] = loaded.stamp
+                self.count_hashed(tier, loaded.hashed)
                 self.loads[tier] += 1
                 self.metrics.loads.labels(tier).inc()
                 self.metrics.load_duration.labels(tier).observe(time.monotonic() - started)
@@ -376,8 +391,24 @@ class Residency:
     # deleted (DiskTier.verify) and the acquire fails with CorruptModel; the next acquire
     # fetches it again from its source when the model has one. Promotion to a memory tier
     # hashes every byte it copies (CpuTier/GpuTier.load), which is stronger than the stamp
-    # check, and deletes the blob the same way when that hash fails. A change made after a
+    # check, and deletes the blob the same way when that hash fails; a load that found the
+    # stamp unchanged across its copy records it as verified too. A change made after a
     # hand-out is visible to holders of that fd until the next check: see docs/store.md.
+    #
+    # Note [trusted re-loads]
+    # ~~~~~~~~~~~~~~~~~~~~~~~
+    # The one load that does not hash is the CPU tier's page-cache backing (Note [page-cache
+    # copies] in trims.daemon.tiers.pagecache) of a blob whose stamp is the one this daemon
+    # verified it under (at commit, at a disk check, or at an earlier load): there the copy
+    # *is* the disk file, which the disk tier already serves on that same stamp check, and
+    # which is checked again at every hand-out (CpuTier.current). Hashing it once more would
+    # prove nothing those checks do not, and cost the whole hash (about 530 ms per 512 MiB on
+    # our test machine) on every re-load of a model evicted from memory. A sealed memfd and
+    # GPU memory are copies served to every tenant long after the file may have changed, and
+    # whoever can write the blob (root, or a non-root daemon's own uid) can change its bytes
+    # without moving ctime through a writable mapping made before the last check; so those
+    # copies always hash what they copy. ``stats`` and ``trims_verified_bytes`` count the
+    # bytes hashed per tier.
 
     async def verify_disk(self, record: ModelRecord) -> None:
         """Check the disk file against its digest before serving it: once, and again whenever
@@ -393,6 +424,7 @@ class Residency:
             finally:
                 self.sync_disk_ledger()
             self._verified[record.digest] = verified
+            self.count_hashed("disk", verified.size)
 
         await self.single_flight(("verify", record.digest), verify)
 

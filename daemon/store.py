@@ -375,6 +375,7 @@ class Store:
                 "policy": ledger.policy,
                 "loads": self.res.loads[t],
                 "evictions": self.res.evictions[t],
+                "hashed_bytes": self.res.hashed[t],
                 "available": t in self.res.tiers,
             }
         tiers["disk"] = {
@@ -384,6 +385,7 @@ class Store:
             "policy": self.res.disk_ledger.policy,
             "loads": self.res.loads["disk"],
             "evictions": self.res.evictions["disk"],
+            "hashed_bytes": self.res.hashed["disk"],
             "available": True,
         }
         result: dict[str, Any] = {

@@ -41,8 +41,8 @@ import mmap
 import os
 from pathlib import Path
 
-from trims.daemon.tiers.disk import check_copy_digest, open_copy
-from trims.daemon.tiers.memory import Export, Progress
+from trims.daemon.tiers.disk import Stamp, check_copy_digest, open_copy
+from trims.daemon.tiers.memory import Export, Loaded, Progress
 from trims.daemon.tiers.pagecache import PinnedFile
 from trims.errors import CorruptModel, TrimsError
 
@@ -133,11 +133,14 @@ def _fill_and_hash(src: int, dst: int, size: int, progress: Progress | None) -> 
 
 def create_sealed_memfd(
     source: Path, size: int, digest: str, label: str, progress: Progress | None = None
-) -> int:
-    """A sealed memfd with the first ``size`` bytes of ``source``, verified against ``digest``.
+) -> tuple[int, Stamp | None]:
+    """A sealed memfd with the first ``size`` bytes of ``source``, verified against ``digest``,
+    and the file's stamp when it did not change during the copy (else None).
 
-    Blocking (the server runs it in a thread). Raises CorruptModel when the file is shorter
-    than ``size`` or its content does not hash to ``digest``; the memfd is closed then.
+    Every byte is hashed, whatever the file's stamp (Note [trusted re-loads] in
+    :mod:`trims.daemon.residency`). Blocking (the server runs it in a thread). Raises
+    CorruptModel when the file is shorter than ``size`` or its content does not hash to
+    ``digest``; the memfd is closed then.
     """
     try:
         fd = os.memfd_create(f"trims:{label}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -147,7 +150,9 @@ def create_sealed_memfd(
         os.ftruncate(fd, size)
         src = open_copy(source, digest, label)
         try:
+            before = Stamp.of(os.fstat(src))
             copied, actual = _fill_and_hash(src, fd, size, progress)
+            stamp = before if Stamp.of(os.fstat(src)) == before else None
         finally:
             os.close(src)
         if copied != size:
@@ -160,7 +165,7 @@ def create_sealed_memfd(
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, stamp
 
 
 #: Values of ``--cpu-backing`` (Note [page-cache copies] in :mod:`trims.daemon.tiers.pagecache`).
@@ -211,24 +216,39 @@ class CpuTier:
             )
 
     def load(
-        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
-    ) -> None:
-        """Blocking: verify (and copy, for a memfd); then the model is resident."""
-        if digest in self._fds or digest in self._files:
-            return
+        self,
+        digest: str,
+        source: Path,
+        size: int,
+        label: str,
+        progress: Progress | None = None,
+        verified: Stamp | None = None,
+    ) -> Loaded:
+        """Blocking: verify (and copy, for a memfd); then the model is resident.
+
+        A file copy skips the hash when the file still has the stamp ``verified``; a memfd
+        copy always hashes (Note [trusted re-loads] in :mod:`trims.daemon.residency`).
+        """
+        pinned = self._files.get(digest)
+        if pinned is not None:
+            return Loaded(pinned.stamp, 0)
+        if digest in self._fds:
+            return Loaded(None, 0)
         if self.backing == "file":
-            pinned = PinnedFile.open(source, size, digest, label, progress)
+            pinned = PinnedFile.open(source, size, digest, label, progress, verified)
             self._files[digest] = pinned
             log.info(
-                "model %s loaded into cpu tier (%d bytes, page cache, %s)",
+                "model %s loaded into cpu tier (%d bytes, page cache, %s, %s)",
                 label,
                 size,
                 "locked" if pinned.locked else "mapped, not locked: reclaimable under pressure",
+                "hashed" if pinned.hashed else "not hashed again: unchanged since verified",
             )
-            return
-        fd = create_sealed_memfd(source, size, digest, label, progress)
+            return Loaded(pinned.stamp, pinned.hashed)
+        fd, stamp = create_sealed_memfd(source, size, digest, label, progress)
         self._fds[digest] = (fd, size)
         log.info("model %s loaded into cpu tier (%d bytes, sealed memfd)", label, size)
+        return Loaded(stamp, size)
 
     def current(self, digest: str) -> bool:
         """False when the copy is a disk file that changed since it was hashed: evict it."""

@@ -122,6 +122,8 @@ class DiskTier:
         self._tmp.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        #: Blobs this tier placed after hashing them, with their stamp once in place.
+        self._placed: dict[str, Stamp] = {}
         for blob in self._blobs.iterdir():
             if blob.suffix == "" and blob.with_suffix(".json").exists():
                 self._sizes[blob.name] = blob.stat().st_size
@@ -188,6 +190,7 @@ class DiskTier:
                     )
                 self._place(temp, manifest)
                 self._sizes[digest] = size
+                self._placed[digest] = Stamp.of(self.path(digest).stat())
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
@@ -229,6 +232,13 @@ class DiskTier:
                 f"manifest of layout {digest} on disk is unreadable ({e}); remove the model and "
                 "add it again"
             ) from e
+
+    def take_placed(self, digest: str) -> Stamp | None:
+        """The stamp ``digest``'s blob had when :meth:`commit` placed it, hashed, if this tier
+        placed it since the last call; None when a commit found it already on disk (then
+        nothing vouches for the blob that was there)."""
+        with self._lock:
+            return self._placed.pop(digest, None)
 
     def stamp(self, digest: str) -> Stamp | None:
         """The blob's current :class:`Stamp`; None when it is not on disk."""
@@ -293,6 +303,7 @@ class DiskTier:
             meta.unlink(missing_ok=True)
             blob.unlink(missing_ok=True)
             size = self._sizes.pop(digest, 0)
+            self._placed.pop(digest, None)
         if not existed:
             raise NotFound(f"layout {digest} is not on disk")
         fsync_dir(self._blobs)

@@ -41,7 +41,8 @@ from trims.cuda import (
     CudaError,
     load_library,
 )
-from trims.daemon.tiers.memory import Export, Progress
+from trims.daemon.tiers.disk import Stamp
+from trims.daemon.tiers.memory import Export, Loaded, Progress
 from trims.errors import CorruptModel, TrimsError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,19 @@ class GpuTier:
         return (self.uuid, str(self.ordinal))
 
     def load(
-        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
-    ) -> None:
+        self,
+        digest: str,
+        source: Path,
+        size: int,
+        label: str,
+        progress: Progress | None = None,
+        verified: Stamp | None = None,
+    ) -> Loaded:
+        """Blocking: hash the disk layout (always: Note [trusted re-loads] in
+        :mod:`trims.daemon.residency`) and copy it into device memory."""
         with self._lock:
             if digest in self._allocs:
-                return
+                return Loaded(None, 0)
             self.driver.set_context(self._ctx)
             view = _host_view(source, size, digest, label)
             try:
@@ -130,6 +139,7 @@ class GpuTier:
             alloc.alloc_size,
             "vmm fd" if alloc.fd is not None else "cuda ipc",
         )
+        return Loaded(None, size)
 
     def _load_vmm(self, host: ctypes.c_char, size: int) -> _Allocation:
         d = self.driver

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from trims.daemon.tiers.disk import Stamp
 from trims.protocol import Progress
 
 
@@ -20,13 +21,34 @@ class Export:
     fd: int | None
 
 
+class Loaded(NamedTuple):
+    """What a load proved about the disk file it read (Note [trusted re-loads] in
+    :mod:`trims.daemon.residency`)."""
+
+    #: The file's stamp when its bytes were the verified ones for the whole load; None when
+    #: the load cannot vouch for the file (it changed meanwhile, or a copy was hashed instead).
+    stamp: Stamp | None
+    #: Bytes hashed to verify the load: ``size``, or 0 when the file was trusted by its stamp.
+    hashed: int
+
+
 class MemoryTier(Protocol):
     name: str
 
     def load(
-        self, digest: str, source: Path, size: int, label: str, progress: Progress | None = None
-    ) -> None:
-        """Blocking: copy ``size`` bytes of the disk layout in, verify them; raise on failure."""
+        self,
+        digest: str,
+        source: Path,
+        size: int,
+        label: str,
+        progress: Progress | None = None,
+        verified: Stamp | None = None,
+    ) -> Loaded:
+        """Blocking: bring ``size`` bytes of the disk layout in, verified; raise on failure.
+
+        ``verified`` is the stamp under which this daemon last hashed ``source``; a tier may
+        skip hashing a file that still has it where that is as safe as the hash.
+        """
 
     def export(self, digest: str) -> Export:
         """The handle and descriptor of a resident copy (KeyError if not resident)."""

@@ -84,9 +84,18 @@ class PinnedFile:
     """One verified disk blob held open and mapped by the daemon (Note [page-cache copies])."""
 
     def __init__(
-        self, fd: int, size: int, stamp: Stamp, address: int, locked: bool, faults: int
+        self,
+        fd: int,
+        size: int,
+        stamp: Stamp,
+        address: int,
+        locked: bool,
+        faults: int,
+        hashed: int,
     ) -> None:
         self.fd, self.size, self.stamp = fd, size, stamp
+        #: Bytes hashed when it was opened: ``size``, or 0 when its stamp was trusted.
+        self.hashed = hashed
         self._address: int | None = address
         #: True when ``mlock`` pins the pages; False when they are only mapped (populated).
         self.locked = locked
@@ -101,12 +110,21 @@ class PinnedFile:
 
     @classmethod
     def open(
-        cls, source: Path, size: int, digest: str, label: str, progress: Progress | None = None
+        cls,
+        source: Path,
+        size: int,
+        digest: str,
+        label: str,
+        progress: Progress | None = None,
+        verified: Stamp | None = None,
     ) -> PinnedFile:
         """Open ``source``, hash its first ``size`` bytes against ``digest`` and map them.
 
-        Blocking. Raises CorruptModel when the file is missing, shorter than ``size``, fails the
-        digest, is writable by group or others, or changed while it was hashed.
+        The hash is skipped when the file still has the stamp ``verified`` it was last hashed
+        under (Note [trusted re-loads] in :mod:`trims.daemon.residency`); :attr:`hashed` says
+        which happened. Blocking. Raises CorruptModel when the file is missing, shorter than
+        ``size``, fails the digest, is writable by group or others, or changed while it was
+        hashed.
         """
         fd = open_copy(source, digest, label)
         try:
@@ -122,19 +140,24 @@ class PinnedFile:
                     f"the disk copy of {label} is truncated: {before.size} of {size} bytes; "
                     "remove the model and add it again"
                 )
-            check_copy_digest(file_digest(fd, size, _loaded_and_verified(progress)), digest, label)
-            if Stamp.of(os.fstat(fd)) != before:
-                raise CorruptModel(
-                    f"the disk copy of {label} changed while it was verified; remove the model "
-                    "and add it again"
-                )
+            hashed = 0 if before == verified else size
+            if hashed:
+                digest_of = file_digest(fd, size, _loaded_and_verified(progress))
+                check_copy_digest(digest_of, digest, label)
+                if Stamp.of(os.fstat(fd)) != before:
+                    raise CorruptModel(
+                        f"the disk copy of {label} changed while it was verified; remove the "
+                        "model and add it again"
+                    )
             before_faults = resource.getrusage(_RUSAGE_THREAD).ru_minflt
             address, locked = _map_resident(fd, size, label)
             faults = resource.getrusage(_RUSAGE_THREAD).ru_minflt - before_faults
         except BaseException:
             os.close(fd)
             raise
-        pinned = cls(fd, size, before, address, locked, faults)
+        if not hashed and progress is not None:
+            progress("load", size, size)
+        pinned = cls(fd, size, before, address, locked, faults, hashed)
         log.debug("model %s: mapped in %d faults (clients populate: %s)",
                   label, faults, pinned.populate)  # fmt: skip
         return pinned

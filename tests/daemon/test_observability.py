@@ -61,6 +61,13 @@ def test_metrics_endpoint_reports_tiers_leases_loads_evictions_errors(
     m = _scrape(daemon.metrics_url)
     assert m['trims_evictions_total{tier="cpu"}'] == 1
     assert m['trims_acquire_seconds_count{tier="disk"}'] == 1
+    with RawClient(daemon.admin_socket) as admin:
+        tiers = admin.result("stats")["tiers"]
+    # seeded before the start, so first hashed by their loads into the cpu tier; the disk
+    # hand-out of "a" then trusted the stamp its cpu load verified it under
+    both = tiers["disk"]["used"]
+    assert m['trims_verified_bytes_total{tier="cpu"}'] == tiers["cpu"]["hashed_bytes"] == both
+    assert m['trims_verified_bytes_total{tier="disk"}'] == tiers["disk"]["hashed_bytes"] == 0
 
 
 class _Collector(BaseHTTPRequestHandler):

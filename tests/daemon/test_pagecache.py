@@ -19,7 +19,7 @@ from tests.daemon.test_huge_page_mode import _sysfs
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.formats.writer import LayoutWriter
 from trims.daemon.tiers.cpu import CpuTier
-from trims.daemon.tiers.disk import DiskTier
+from trims.daemon.tiers.disk import DiskTier, Stamp
 from trims.daemon.tiers.pagecache import needs_populate
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import Manifest, TensorSpec
@@ -183,3 +183,92 @@ def test_evicting_the_disk_copy_also_evicts_the_cpu_copy_that_is_that_file(
         assert admin.result("info", name="m")["model"]["tiers"] == []
         with Holder(daemon.socket, "m") as again:  # fetched from its source, hashed, served
             assert again.started["values"] == W.tolist()
+
+
+def test_a_file_still_under_its_verified_stamp_is_mapped_without_hashing_again(
+    blob: tuple[Path, Manifest], file_tier: CpuTier
+) -> None:
+    path, manifest = blob
+    size = manifest.total_bytes
+    first = file_tier.load(manifest.digest, path, size, "m")
+    assert first == (Stamp.of(path.stat()), size)  # nothing vouched for it yet: hashed
+    file_tier.free(manifest.digest)
+    again = file_tier.load(manifest.digest, path, size, "m", verified=first.stamp)
+    assert again == (first.stamp, 0)
+    assert path.read_bytes() == W.tobytes() and file_tier.current(manifest.digest)
+    file_tier.free(manifest.digest)
+    os.chmod(path, 0o444)  # the stamp moves: hashed again
+    moved = file_tier.load(manifest.digest, path, size, "m", verified=first.stamp)
+    assert moved.hashed == size and moved.stamp == Stamp.of(path.stat()) != first.stamp
+
+
+def test_a_sealed_copy_hashes_every_byte_whatever_the_stamp(blob: tuple[Path, Manifest]) -> None:
+    """A memfd is served long after the file may change, so a stamp never stands in for the
+    hash (Note [trusted re-loads]): bytes changed behind a stamp are still caught."""
+    path, manifest = blob
+    tier = CpuTier("memfd")
+    try:
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\x01\x02\x03\x04")
+        path.chmod(0o444)
+        claimed = Stamp.of(path.stat())  # as if the changed file had been verified
+        with pytest.raises(CorruptModel, match="fails its digest check"):
+            tier.load(manifest.digest, path, manifest.total_bytes, "m", verified=claimed)
+        file_tier = CpuTier("file")
+        try:  # the page-cache backing trusts the stamp: it is the file, checked per hand-out
+            trusted = file_tier.load(manifest.digest, path, manifest.total_bytes, "m",
+                                     verified=claimed)  # fmt: skip
+            assert trusted == (claimed, 0)
+        finally:
+            file_tier.close()
+    finally:
+        tier.close()
+
+
+def _hashed(admin: RawClient) -> dict[str, int]:
+    tiers = admin.result("stats")["tiers"]
+    return {t: tiers[t]["hashed_bytes"] for t in ("cpu", "disk")}
+
+
+def test_re_loads_of_an_unchanged_blob_are_not_hashed_again(
+    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    source = tmp_path / "m.safetensors"
+    save_file({"w": W}, str(source))
+    daemon = start_daemon(cpu_backing="file")
+    with RawClient(daemon.admin_socket) as admin:
+        size = admin.result("add", name="m", source=str(source))["model"]["total_bytes"]
+        assert _hashed(admin) == {"cpu": 0, "disk": size}  # the commit hashed it
+        for _ in range(2):  # loaded, evicted, loaded again: the commit's hash still holds
+            with Holder(daemon.socket, "m") as holder:
+                assert holder.started["values"] == W.tolist()
+            admin.result("evict", name="m", tier="cpu")
+        assert _hashed(admin) == {"cpu": 0, "disk": size}
+        _blob_of(daemon, admin, "m").chmod(0o444)  # the stamp moves
+        with Holder(daemon.socket, "m") as holder:
+            assert holder.started["values"] == W.tolist()
+        assert _hashed(admin) == {"cpu": size, "disk": size}
+        assert admin.result("stats")["tiers"]["cpu"]["loads"] == 3
+
+
+def test_adding_the_same_layout_again_does_not_vouch_for_the_blob_already_on_disk(
+    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """The second add hashes its own temp file and finds the layout on disk; the blob there
+    changed since its own check, so it is hashed before it is served."""
+    source = tmp_path / "m.safetensors"
+    save_file({"w": W}, str(source))
+    daemon = start_daemon(cpu_backing="file")
+    with RawClient(daemon.admin_socket) as admin:
+        admin.result("add", name="a", source=str(source))
+        blob = _blob_of(daemon, admin, "a")
+        blob.chmod(0o644)  # someone with the daemon's uid writes the blob
+        with open(blob, "r+b") as f:
+            f.write(b"\x00" * 16)
+        blob.chmod(0o444)
+        admin.result("add", name="b", source=str(source))
+        assert _blob_of(daemon, admin, "b") == blob
+        with pytest.raises(CorruptModel, match="digest check"):
+            admin.call("acquire", name="b")
+        assert not blob.exists()
