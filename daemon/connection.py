@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import array
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
+import struct
 import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,6 +55,27 @@ MAX_IN_FLIGHT = 64
 SEND_TIMEOUT = 30.0
 #: Progress frames of one request are sent at most this often (seconds).
 PROGRESS_INTERVAL = 0.2
+
+# Note [request sender]
+# ~~~~~~~~~~~~~~~~~~~~~
+# ``SO_PEERCRED`` names the process that *connected*. A connection can be passed on: the
+# zygote connects a pooled worker to the store and hands it the socket (Note [warm pool] in
+# trims.runtime.executors.zygote), so every lease of that worker would be listed under the
+# zygote's pid. The listening sockets set ``SO_PASSCRED``, so the kernel attaches the sending
+# process's credentials to every write and a read never returns bytes of two senders; the
+# lease records the pid that sent its acquire (``pid`` in the lease table, beside
+# ``connected_pid``). Authorization still uses the connect-time credentials (``Caller.peer``).
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_CREDENTIALS_SPACE = socket.CMSG_SPACE(_CREDENTIALS.size)
+
+
+def _sender(ancillary: list[tuple[int, int, bytes]], default: int) -> int:
+    """The pid in a read's ``SCM_CREDENTIALS``, or ``default`` when it carries none."""
+    for level, kind, data in ancillary:
+        ours = (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)
+        if ours and len(data) >= _CREDENTIALS.size:
+            return int(_CREDENTIALS.unpack_from(data)[0])
+    return default
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -93,7 +116,7 @@ class Connection:
         # The admin socket is 0600 already; a peer that is neither the owner nor root (e.g.
         # after someone loosened the mode) still gets only the client operations.
         admin = admin and peer.uid in (os.getuid(), 0)
-        self.caller = Caller(ident, peer, admin)
+        self.caller = Caller(ident, peer, admin, peer.pid)
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -136,8 +159,10 @@ class Connection:
             else:
                 reserved = await budget.reserve(READ_CHUNK)
             self._held += reserved
+            sender = self.peer.pid
             try:
-                data = self.sock.recv(reserved)
+                data, ancillary, _, _ = self.sock.recvmsg(reserved, _CREDENTIALS_SPACE)
+                sender = _sender(ancillary, sender)
             except BlockingIOError:
                 data = None
             if data == b"":
@@ -149,7 +174,7 @@ class Connection:
                 try:
                     for message in decoder.feed(data):
                         await self._slots.acquire()
-                        self._start(message)
+                        self._start(message, sender)
                         completed = True
                 except ProtocolError as e:
                     raise _Close("protocol", e, f"sent a bad frame ({e.message})") from e
@@ -244,19 +269,24 @@ class Connection:
         )
         await self._send_quietly({"id": None, "ok": False, "error": close.error.to_dict()})
 
-    def _start(self, message: dict[str, Any]) -> None:
+    def _start(self, message: dict[str, Any], sender: int) -> None:
         self._in_flight += 1
-        task = spawn(self._handle(message), f"request {message.get('op')!r} of {self.ident}")
+        caller = self.caller
+        if sender != caller.pid:
+            caller = dataclasses.replace(caller, pid=sender)
+        task = spawn(
+            self._handle(message, caller), f"request {message.get('op')!r} of {self.ident}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, message: dict[str, Any]) -> None:
+    async def _handle(self, message: dict[str, Any], caller: Caller) -> None:
         rid = message.get("id")
         valid_id = isinstance(rid, int) and not isinstance(rid, bool)
         reply: StoreReply | None = None
         try:
             try:
-                reply = await self._answer(message, rid)
+                reply = await self._answer(message, rid, caller)
                 frame: dict[str, Any] = {"id": rid, "ok": True, "result": reply.result}
                 fds: Sequence[int] = reply.fds
             except TrimsError as e:
@@ -289,7 +319,7 @@ class Connection:
                 "reply to pid %d not delivered (%s); its connection is closing", self.peer.pid, e
             )
 
-    async def _answer(self, message: dict[str, Any], rid: object) -> StoreReply:
+    async def _answer(self, message: dict[str, Any], rid: object, caller: Caller) -> StoreReply:
         """Dispatch one request; any failure comes out as a TrimsError."""
         pending: list[asyncio.Task[None]] = []
         try:
@@ -300,7 +330,7 @@ class Connection:
             try:
                 return await dispatch(
                     self.server.store,
-                    self.caller,
+                    caller,
                     op,
                     message.get("args", {}),
                     progress,
@@ -312,7 +342,7 @@ class Connection:
         except (asyncio.CancelledError, TrimsError):
             raise
         except Exception as e:
-            log.exception("request %r of pid %d failed", message.get("op"), self.peer.pid)
+            log.exception("request %r of pid %d failed", message.get("op"), caller.pid)
             # Only the store's owner sees the cause: it may name host paths.
             cause = f": {e}" if self.caller.admin else ""
             raise TrimsError(

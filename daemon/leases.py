@@ -43,6 +43,9 @@ class Lease:
     digest: str
     tier: str
     peer: PeerCredentials
+    #: The process that sent the acquire; ``peer.pid`` is the one that connected, which is
+    #: another process when a connection is passed on (a pooled worker's, made by the zygote).
+    pid: int
     acquired_at: float
 
     def to_dict(self) -> dict[str, object]:
@@ -50,7 +53,8 @@ class Lease:
             "lease": self.id,
             "model": f"{self.name}:{self.version}",
             "tier": self.tier,
-            "pid": self.peer.pid,
+            "pid": self.pid,
+            "connected_pid": self.peer.pid,
             "uid": self.peer.uid,
             "acquired_at": self.acquired_at,
         }
@@ -72,8 +76,11 @@ class LeaseTable:
         digest: str,
         tier: str,
         peer: PeerCredentials,
+        pid: int,
     ) -> Lease:
-        lease = Lease(uuid.uuid4().hex, connection, name, version, digest, tier, peer, time.time())
+        lease = Lease(
+            uuid.uuid4().hex, connection, name, version, digest, tier, peer, pid, time.time()
+        )
         self._leases[lease.id] = lease
         self._counts[(tier, digest)] += 1
         self._per_connection[connection] += 1

@@ -96,6 +96,8 @@ def _bind(path: Path, mode: int, group: str | None) -> socket.socket:
         raise ValidationError(
             f"cannot give socket {path} group {group!r} / mode {mode:o}: {e}; check --socket-group"
         ) from e
+    # Note [request sender]: accepted sockets inherit it, so each read says who sent it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     sock.listen(128)
     sock.setblocking(False)
     return sock

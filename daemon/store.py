@@ -53,11 +53,13 @@ class StoreReply:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: the connection, the peer's credentials, and which socket."""
+    """Who sent a request: the connection, the peer's credentials, which socket, and the
+    process that sent this very request (Note [request sender] in trims.daemon.connection)."""
 
     connection: int
     peer: PeerCredentials
     admin: bool
+    pid: int
 
 
 class Store:
@@ -309,7 +311,13 @@ class Store:
                 handle = export.handle
                 fds, close = ((export.fd,) if export.fd is not None else ()), False
             lease = self.leases.grant(
-                caller.connection, record.name, record.version, record.digest, tier, caller.peer
+                caller.connection,
+                record.name,
+                record.version,
+                record.digest,
+                tier,
+                caller.peer,
+                caller.pid,
             )
             self._update_gauges()
             self.metrics.acquire_latency.labels(tier).observe(time.monotonic() - started)

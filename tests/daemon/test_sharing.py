@@ -83,3 +83,38 @@ def test_clients_outlive_a_killed_daemon_and_a_restart_recovers(
     models = daemon.request("list")["result"]["models"]
     assert [m["name"] for m in models] == ["tiny"]
     assert "source" not in models[0]
+
+
+def test_a_lease_names_the_process_that_acquired_it_on_a_passed_on_connection(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """A connection made by one process and used by another (the zygote's hand-over to a
+    pooled worker) lists the acquiring process (Note [request sender])."""
+    daemon = start_daemon(models=MODELS)
+    with RawClient(daemon.socket) as client, RawClient(daemon.admin_socket) as admin:
+        held, fds = client.call("acquire", name="tiny")  # this process: no hand-over
+        os.close(fds[0])
+        acquired_r, acquired_w = os.pipe()
+        looked_r, looked_w = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child only acquires on the inherited socket
+            try:
+                _, child_fds = client.call("acquire", name="tiny")
+                os.close(child_fds[0])
+                os.write(acquired_w, b"1")
+                os.read(looked_r, 1)  # keep the lease until the parent has looked
+            finally:
+                os._exit(0)
+        try:
+            assert os.read(acquired_r, 1) == b"1"
+            table = admin.result("stats")["lease_table"]
+            by_pid = {row["pid"]: row for row in table}
+            assert set(by_pid) == {os.getpid(), child}
+            assert by_pid[child]["connected_pid"] == by_pid[os.getpid()]["pid"] == os.getpid()
+            assert by_pid[child]["uid"] == os.getuid()
+        finally:
+            os.write(looked_w, b"1")
+            os.waitpid(child, 0)
+            for fd in (acquired_r, acquired_w, looked_r, looked_w):
+                os.close(fd)
+        client.result("release", lease=held["lease"])
