@@ -29,8 +29,9 @@ allowed to connect, failed its start.) The daemon sees the zygote as the process
 connected (``connected_pid`` in the lease table; the uid is the zygote's, as it is for a fork's
 own connection, made before its drop) and the worker as the one that acquired (``pid``: Note
 [request sender] in trims.daemon.connection); a function without models gets no connection.
-The pool is refilled when the zygote has no request waiting, a moment after the last take (the fork of
-its replacement would otherwise compete for the CPU with the instance that just started). A
+The pool is refilled when the zygote has no request waiting, a moment after the last take (the
+fork of its replacement would otherwise compete for the CPU with the instance that just
+started). A
 pooled worker that dies before it is taken is reaped silently; after a few such deaths in a
 row the pool stops refilling (logged), so a broken setup never turns into a fork loop; starts
 then fork as without a pool. A waiting pooled worker costs about 7 MiB of private memory
