@@ -46,10 +46,13 @@ On some nodes memory that sat unread for a while is slower to read again (this 2
 a forward pass over 512 MiB took 1.6x its warm time after 1 s unread, 2.9x after 4 s;
 ``bench/idle_memory.py`` measures a node without trims). A first request reads weights that
 sat unread since the case before, the warm request right after it reads them hot, so on such
-a node first / warm measures the idle time as much as the cold start. For trims' CPU-tier cases
-a third request to the same instance therefore waits first as long as the weights had sat
-unread before the first one (``idle_ms``, counted from the benchmark's last full read or load
-of them) and is timed as ``warm_idle_ms``: the warm request to hold the first one against.
+a node first / warm measures the idle time as much as the cold start. For trims' cases a third
+request to the same instance therefore waits first as long as the weights had sat unread
+before the first one (``idle_ms``, counted from the benchmark's last full read or load of
+them) and is timed as ``warm_idle_ms``: the warm request to hold the first one against. Not
+for the disk tier with caches dropped, whose first request reads weights fresh from disk.
+(Since 2026-12-07 a disk-tier re-load with a warm page cache maps the page-cache pages without
+reading them, Note [trusted re-loads] in trims.daemon.residency, so those weights sat idle too.)
 """
 
 from __future__ import annotations
@@ -403,9 +406,10 @@ class ColdRun(NamedTuple):
     first: float
     warm: float
     #: trims: a warm request after the weights sat idle as long as they had before ``first``
-    #: (None for the disk tier, whose first request reads them fresh from disk, and MLServer)
+    #: (None for the disk tier with caches dropped, whose first request reads them fresh from
+    #: disk, and for MLServer)
     warm_idle: float | None = None
-    #: trims: how long the CPU tier's weights had sat unread when ``first`` was sent (None
+    #: trims: how long the weights had sat unread when ``first`` was sent (None
     #: where ``warm_idle`` is)
     idle: float | None = None
     #: trims: the instance start as the gateway measured it (its metric), in ms
@@ -439,7 +443,7 @@ async def trims_cold(
     warm = time.perf_counter() - t0
     trims.touched = time.perf_counter()
     warm_idle = None
-    if tier == "cpu":
+    if tier == "cpu" or cache == "warm":
         await asyncio.sleep(idle)
         t0 = time.perf_counter()
         assert await infer.pid() == pid, "the warm request met another instance"
