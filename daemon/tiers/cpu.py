@@ -1,22 +1,8 @@
 """CPU tier: each resident model is one sealed memfd holding its canonical layout, or the
 verified disk file kept in the page cache where that maps faster (:mod:`.pagecache`).
 
-Note [sealed memfd]
-~~~~~~~~~~~~~~~~~~~
-::
-
-    disk blob ──read, chunk by chunk──> memfd (mapped shared, MADV_HUGEPAGE) ──sha256 of
-                                        each chunk as written──> unmap ──> seal(WRITE|GROW|
-                                                                              SHRINK|SEAL)
-                                                   │
-                                 SCM_RIGHTS fd ────┴──> client mmap(MAP_PRIVATE)
-
-Once sealed, nobody (the daemon included) can write, grow or shrink the memfd, and the seals
-themselves cannot be removed. Clients map it ``MAP_PRIVATE``: reads share the page cache pages
-of the memfd, a write gives the writer a private copy-on-write page. So no tenant can change
-what another tenant reads. The content is hashed from the memfd itself, chunk by chunk right
-after each chunk is written (one pass over the data, the chunk still in cache), and compared
-with the manifest digest before the seal, so what is served is what was verified.
+Sealed memfds are filled, hashed and sealed in :mod:`.memfd` (Note [sealed memfd], Note [chunk
+digests]).
 
 Note [huge pages]
 ~~~~~~~~~~~~~~~~~
@@ -33,24 +19,17 @@ first request either way (Note [populate before the first request] in
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import logging
-import mmap
 import os
 from pathlib import Path
 
-from trims.daemon.tiers.disk import Stamp, check_copy_digest, open_copy
+from trims.daemon.tiers.disk import Stamp
+from trims.daemon.tiers.memfd import ChunkDigests, create_sealed_memfd
 from trims.daemon.tiers.memory import Export, Loaded, Progress
 from trims.daemon.tiers.pagecache import PinnedFile
-from trims.errors import CorruptModel, TrimsError
 
 log = logging.getLogger(__name__)
 
-SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
-#: Bytes copied and hashed per step: small enough to hash while still in cache.
-_CHUNK = 4 << 20
 _THP = Path("/sys/kernel/mm/transparent_hugepage")
 #: Modes in which a memfd advised MADV_HUGEPAGE gets huge pages (Note [huge pages]).
 _HUGE_MODES = ("advise", "within_size", "always", "force")
@@ -105,69 +84,6 @@ def huge_page_mode(root: Path = _THP) -> str:
     )
 
 
-def _fill_and_hash(src: int, dst: int, size: int, progress: Progress | None) -> tuple[int, str]:
-    """Copy ``size`` bytes of ``src`` into the memfd ``dst``; (bytes copied, sha256 of them).
-
-    Each chunk is hashed from the memfd right after it is written (Note [sealed memfd]).
-    """
-    h = hashlib.sha256()
-    if size == 0:
-        return 0, h.hexdigest()
-    done = 0
-    with mmap.mmap(dst, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
-        with contextlib.suppress(OSError):
-            m.madvise(mmap.MADV_HUGEPAGE)  # Note [huge pages]
-        with memoryview(m) as view:
-            while done < size:
-                with view[done : min(done + _CHUNK, size)] as chunk:
-                    n = os.preadv(src, [chunk], done)
-                    h.update(chunk[:n])
-                if n == 0:
-                    break
-                done += n
-                if progress is not None:
-                    progress("load", done, size)
-                    progress("verify", done, size)
-    return done, h.hexdigest()
-
-
-def create_sealed_memfd(
-    source: Path, size: int, digest: str, label: str, progress: Progress | None = None
-) -> tuple[int, Stamp | None]:
-    """A sealed memfd with the first ``size`` bytes of ``source``, verified against ``digest``,
-    and the file's stamp when it did not change during the copy (else None).
-
-    Every byte is hashed, whatever the file's stamp (Note [trusted re-loads] in
-    :mod:`trims.daemon.residency`). Blocking (the server runs it in a thread). Raises
-    CorruptModel when the file is shorter than ``size`` or its content does not hash to
-    ``digest``; the memfd is closed then.
-    """
-    try:
-        fd = os.memfd_create(f"trims:{label}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    except OSError as e:
-        raise TrimsError(f"cannot create a memfd for {label}: {e}") from e
-    try:
-        os.ftruncate(fd, size)
-        src = open_copy(source, digest, label)
-        try:
-            before = Stamp.of(os.fstat(src))
-            copied, actual = _fill_and_hash(src, fd, size, progress)
-            stamp = before if Stamp.of(os.fstat(src)) == before else None
-        finally:
-            os.close(src)
-        if copied != size:
-            raise CorruptModel(
-                f"the disk copy of {label} is truncated: {copied} of {size} bytes; remove the "
-                "model and add it again"
-            )
-        check_copy_digest(actual, digest, label)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, stamp
-
-
 #: Values of ``--cpu-backing`` (Note [page-cache copies] in :mod:`trims.daemon.tiers.pagecache`).
 CPU_BACKINGS = ("auto", "memfd", "file")
 
@@ -197,6 +113,8 @@ class CpuTier:
         #: "memfd" or "file": how this tier holds every model it loads.
         self.backing = backing
         self._fds: dict[str, tuple[int, int]] = {}
+        #: Chunk digests of the layouts this tier verified (Note [chunk digests]).
+        self._chunks = ChunkDigests()
         self._files: dict[str, PinnedFile] = {}
         if backing == "memfd":
             log.info("cpu tier: sealed memfds; %s", huge_page_mode(thp))
@@ -245,7 +163,7 @@ class CpuTier:
                 "hashed" if pinned.hashed else "not hashed again: unchanged since verified",
             )
             return Loaded(pinned.stamp, pinned.hashed)
-        fd, stamp = create_sealed_memfd(source, size, digest, label, progress)
+        fd, stamp = create_sealed_memfd(source, size, digest, label, self._chunks, progress)
         self._fds[digest] = (fd, size)
         log.info("model %s loaded into cpu tier (%d bytes, sealed memfd)", label, size)
         return Loaded(stamp, size)
@@ -279,3 +197,4 @@ class CpuTier:
     def close(self) -> None:
         for digest in [*self._fds, *self._files]:
             self.free(digest)
+        self._chunks.close()

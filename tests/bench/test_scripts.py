@@ -67,6 +67,20 @@ def test_idle_memory(tmp_path: Path) -> None:
         assert r["ratio"] == pytest.approx(r["after_idle_ms"] / r["warm_ms"])
 
 
+def test_tier_loads(tmp_path: Path) -> None:
+    doc = _run("tier_loads.py", tmp_path / "t.json", "--quick", "--runs", "1")
+    assert doc["quick"] is True and doc["mb"] == 64
+    rows = {(r["backing"], r["load"]): r for r in doc["results"]}
+    assert set(rows) == {(b, load) for b in ("memfd", "file") for load in ("first", "again")}
+    for r in rows.values():
+        assert r["ms"] > 0 and r["runs"] == 1 and r["min_ms"] <= r["ms"] <= r["max_ms"]
+    # a memfd copy is hashed every time (by chunks the second); an unchanged file is not
+    hashed = {key: r["hashed_mib"] for key, r in rows.items()}
+    assert hashed == {("memfd", "first"): 64, ("memfd", "again"): 64,
+                      ("file", "first"): 64, ("file", "again"): 0}  # fmt: skip
+    assert rows[("memfd", "first")]["vs_first"] == 1.0
+
+
 @pytest.mark.slow
 def test_density(tmp_path: Path) -> None:
     doc = _run("density.py", tmp_path / "d.json", "--model-mb", "2", "--instances", "2",
