@@ -65,7 +65,7 @@ class ChunkDigests:
     digest, kept once a copy verified whole (Note [chunk digests]). Thread-safe."""
 
     def __init__(self, workers: int | None = None) -> None:
-        self._workers = workers or os.cpu_count() or 1
+        self._workers = workers or len(os.sched_getaffinity(0)) or 1  # the CPUs we may use
         self._pool: ThreadPoolExecutor | None = None
         self._known: dict[str, tuple[bytes, ...]] = {}
         self._lock = threading.Lock()
