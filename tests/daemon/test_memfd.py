@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trims.daemon.formats.writer import LayoutWriter
+from tests.daemon.layouts import committed_blob
 from trims.daemon.tiers import memfd
 from trims.daemon.tiers.cpu import CpuTier
-from trims.daemon.tiers.disk import DiskTier
 from trims.errors import CorruptModel
-from trims.layout import Manifest, TensorSpec
+from trims.layout import Manifest
 
 #: 40 KiB of weights: three chunks of 12 KiB and a short last one (layouts are whole pages)
 W = np.arange(10240, dtype=np.float32)
@@ -26,13 +25,7 @@ CHUNK = 12288
 @pytest.fixture
 def blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Manifest]:
     monkeypatch.setattr(memfd, "CHUNK", CHUNK)
-    disk = DiskTier(tmp_path / "disk", 1 << 30)
-    temp = disk.new_temp()
-    with LayoutWriter(temp, source=Path("test")) as writer:
-        writer.add(TensorSpec("w", "float32", W.shape), [W.tobytes()])
-        manifest: Manifest = writer.finish(name="m", version="1", framework="test", metadata={})
-    disk.commit(temp, manifest)
-    return disk.path(manifest.digest), manifest
+    return committed_blob(tmp_path / "disk", W)
 
 
 @pytest.fixture

@@ -14,15 +14,15 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.daemon.holders import Holder
+from tests.daemon.layouts import committed_blob
 from tests.daemon.rawclient import RawClient
 from tests.daemon.test_huge_page_mode import _sysfs
 from tests.fixtures.store import DaemonProcess
-from trims.daemon.formats.writer import LayoutWriter
 from trims.daemon.tiers.cpu import CpuTier
-from trims.daemon.tiers.disk import DiskTier, Stamp
+from trims.daemon.tiers.disk import Stamp
 from trims.daemon.tiers.pagecache import needs_populate
 from trims.errors import CorruptModel, ValidationError
-from trims.layout import Manifest, TensorSpec
+from trims.layout import Manifest
 
 W = np.arange(4096, dtype=np.float32)
 MODELS = {"tiny": {"w": W}}
@@ -31,13 +31,15 @@ MODELS = {"tiny": {"w": W}}
 @pytest.fixture
 def blob(tmp_path: Path) -> tuple[Path, Manifest]:
     """A committed disk-tier blob holding W, and its manifest."""
-    disk = DiskTier(tmp_path / "disk", 1 << 30)
-    temp = disk.new_temp()
-    with LayoutWriter(temp, source=Path("test")) as writer:
-        writer.add(TensorSpec("w", "float32", W.shape), [W.tobytes()])
-        manifest: Manifest = writer.finish(name="m", version="1", framework="test", metadata={})
-    disk.commit(temp, manifest)
-    return disk.path(manifest.digest), manifest
+    return committed_blob(tmp_path / "disk", W)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    """W as a safetensors file, for models added while the daemon runs."""
+    path = tmp_path / "m.safetensors"
+    save_file({"w": W}, str(path))
+    return path
 
 
 @pytest.fixture
@@ -168,10 +170,8 @@ def test_a_changed_blob_is_evicted_and_hashed_again_before_the_next_hand_out(
 
 
 def test_evicting_the_disk_copy_also_evicts_the_cpu_copy_that_is_that_file(
-    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+    start_daemon: Callable[..., DaemonProcess], source: Path
 ) -> None:
-    source = tmp_path / "m.safetensors"
-    save_file({"w": W}, str(source))
     daemon = start_daemon(cpu_backing="file")
     with RawClient(daemon.admin_socket) as admin:
         admin.result("add", name="m", source=str(source))
@@ -232,10 +232,8 @@ def _hashed(admin: RawClient) -> dict[str, int]:
 
 
 def test_re_loads_of_an_unchanged_blob_are_not_hashed_again(
-    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+    start_daemon: Callable[..., DaemonProcess], source: Path
 ) -> None:
-    source = tmp_path / "m.safetensors"
-    save_file({"w": W}, str(source))
     daemon = start_daemon(cpu_backing="file")
     with RawClient(daemon.admin_socket) as admin:
         size = admin.result("add", name="m", source=str(source))["model"]["total_bytes"]
@@ -253,12 +251,10 @@ def test_re_loads_of_an_unchanged_blob_are_not_hashed_again(
 
 
 def test_adding_the_same_layout_again_does_not_vouch_for_the_blob_already_on_disk(
-    start_daemon: Callable[..., DaemonProcess], tmp_path: Path
+    start_daemon: Callable[..., DaemonProcess], source: Path
 ) -> None:
     """The second add hashes its own temp file and finds the layout on disk; the blob there
     changed since its own check, so it is hashed before it is served."""
-    source = tmp_path / "m.safetensors"
-    save_file({"w": W}, str(source))
     daemon = start_daemon(cpu_backing="file")
     with RawClient(daemon.admin_socket) as admin:
         admin.result("add", name="a", source=str(source))
