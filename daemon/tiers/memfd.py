@@ -139,11 +139,11 @@ def _fill_and_hash(
                         done += n
                         break
                     pending.append(chunks.submit(chunk))
-                    if whole is not None:
-                        whole.update(chunk)
-                        report("verify", done + n, size)
                     done += n
                     report("load", done, size)
+                    if whole is not None:
+                        whole.update(chunk)
+                        report("verify", done, size)
                 digests = tuple(f.result() for f in pending)
             finally:
                 for f in pending:  # the pool must be done with the mapping before it goes
