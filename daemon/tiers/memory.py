@@ -26,9 +26,11 @@ class Loaded(NamedTuple):
     :mod:`trims.daemon.residency`)."""
 
     #: The file's stamp when its bytes were the verified ones for the whole load; None when
-    #: the load cannot vouch for the file (it changed meanwhile, or a copy was hashed instead).
+    #: the load cannot vouch for the file (its stamp moved during the copy, the tier does not
+    #: look at it, as the GPU tier, or the copy was already resident).
     stamp: Stamp | None
-    #: Bytes hashed to verify the load: ``size``, or 0 when the file was trusted by its stamp.
+    #: Bytes hashed to verify the load: ``size``, or 0 when nothing was hashed (the file was
+    #: trusted by its stamp, or the copy was already resident).
     hashed: int
 
 
