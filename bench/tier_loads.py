@@ -7,23 +7,32 @@ a function whose model was evicted waits for it. This script times the daemon's 
 itself (``CpuTier.load``, no daemon process, no client) on a ``--mb`` MiB layout committed to a
 disk tier in a temporary folder, with its page cache warm, for each backing:
 
-- ``memfd``: a sealed memfd copy. ``first``: a tier that never loaded it (the copy is hashed
-  whole, sequentially, plus its chunks on a thread pool); ``again``: the same tier after
-  freeing it, which checks the copy against the chunk digests of the first load on every core
-  (Note [chunk digests] in trims.daemon.tiers.memfd).
+- ``memfd``: a sealed memfd copy. ``first``: a tier that knows no chunk digests of the layout
+  (as for a store added by a trims before them): the copy is hashed whole, sequentially, plus
+  its chunks on a thread pool; ``again``: the same tier after freeing it, which checks the copy
+  against those chunk digests on every core (Note [chunk digests] in
+  trims.daemon.tiers.chunks); ``restart``: a fresh tier that knows the chunk digests but has
+  verified nothing, as a restarted daemon that read them from its catalog (or one whose
+  commit computed them).
 - ``file``: the disk file kept in the page cache. ``first``: hashed as it is mapped; ``again``:
   mapped without a hash, its stamp unchanged since the first load verified it (Note [trusted
-  re-loads] in trims.daemon.residency).
+  re-loads] in trims.daemon.residency); ``restart``: the stamp is not trusted, the chunk
+  digests are known: checked on every core.
 
-Runs alternate the backings; each run is one first load and one re-load. JSON:
-``{"results": [{"backing", "load", "ms", "min_ms", "max_ms", "hashed_mib", "vs_first",
-"runs"}], "mb", "machine", "quick"}`` (``vs_first``: the median over the first load's); the
+It also times the disk tier's commit of the same layout (``disk`` / ``commit``: the hash of a
+new blob before it is placed), whole only (``pool=None``) and with chunk digests computed
+beside (``commit+chunks``, the daemon's default where a core is free).
+
+Runs alternate the backings; each run is one of each load. JSON: ``{"results": [{"backing",
+"load", "ms", "min_ms", "max_ms", "hashed_mib", "vs_first", "runs"}], "mb", "machine",
+"quick"}`` (``vs_first``: the median over the first load's, or over ``commit``'s); the
 markdown table goes to stdout (and ``--markdown``).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -32,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trims.daemon.formats.writer import LayoutWriter
+from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier
 from trims.layout import Manifest, TensorSpec
@@ -63,13 +73,24 @@ def commit_layout(disk: DiskTier, mb: int) -> Manifest:
     return manifest
 
 
+LOADS = ("first", "again", "restart")
+COMMITS = ("commit", "commit+chunks")
+
+
 def one_run(backing: str, path: Path, manifest: Manifest) -> dict[str, tuple[float, int]]:
-    """{"first" | "again": (seconds, bytes hashed)} for a fresh tier of ``backing``."""
-    tier = CpuTier(backing)
+    """{load: (seconds, bytes hashed)} for fresh tiers of ``backing`` (see the docstring)."""
+    pool, restarted = ChunkDigests(), ChunkDigests()
+    tier = CpuTier(backing, pool=pool)
     out: dict[str, tuple[float, int]] = {}
     try:
         verified = None
-        for load in ("first", "again"):
+        for load in LOADS:
+            if load == "restart":
+                known = pool.get(manifest.digest)
+                assert known is not None, "the first load computed no chunk digests"
+                restarted.learn(manifest.digest, known)
+                tier.close()
+                tier, verified = CpuTier(backing, pool=restarted), None
             t0 = time.perf_counter()
             loaded = tier.load(manifest.digest, path, manifest.total_bytes, "bench", None, verified)
             out[load] = (time.perf_counter() - t0, loaded.hashed)
@@ -77,6 +98,28 @@ def one_run(backing: str, path: Path, manifest: Manifest) -> dict[str, tuple[flo
             tier.free(manifest.digest)
     finally:
         tier.close()
+        pool.close()
+        restarted.close()
+    return out
+
+
+def commit_run(disk: DiskTier, path: Path, manifest: Manifest) -> dict[str, tuple[float, int]]:
+    """{"commit" | "commit+chunks": (seconds, bytes hashed)}: a copy of the blob committed
+    again (hashed, then found already on disk), without and with chunk digests beside."""
+    out: dict[str, tuple[float, int]] = {}
+    for name in COMMITS:
+        pool = ChunkDigests() if name == "commit+chunks" else None
+        temp = disk.new_temp()
+        shutil.copyfile(path, temp)
+        tier = DiskTier(disk.root, disk.budget, pool)
+        try:
+            t0 = time.perf_counter()
+            tier.commit(temp, manifest)
+            out[name] = (time.perf_counter() - t0, manifest.total_bytes)
+            assert pool is None or pool.get(manifest.digest) is not None
+        finally:
+            if pool is not None:
+                pool.close()
     return out
 
 
@@ -91,11 +134,12 @@ def measure(mb: int, runs: int) -> tuple[int, list[dict[str, Any]]]:
             for backing in order:
                 for load, result in one_run(backing, path, manifest).items():
                     times.setdefault((backing, load), []).append(result)
+            for load, result in commit_run(disk, path, manifest).items():
+                times.setdefault(("disk", load), []).append(result)
     results = []
-    for backing in BACKINGS:
-        rs = times[(backing, "first")]
-        first = statistics.median(t for t, _ in rs)
-        for load in ("first", "again"):
+    for backing, loads in (*((b, LOADS) for b in BACKINGS), ("disk", COMMITS)):
+        first = statistics.median(t for t, _ in times[(backing, loads[0])])
+        for load in loads:
             results.append(_row(backing, load, times[(backing, load)], first))
     return manifest.total_bytes >> 20, results
 

@@ -7,7 +7,8 @@ commit protocol (Note [commit protocol] in :mod:`trims.daemon.store`): ``pending
 is placing its blob, ``committed`` once the model is fully present. Only committed rows are
 models; every read here sees only them. The blobs live in the disk tier, keyed by digest;
 resident copies (memfds, device memory) are not persisted: they die with the daemon and are
-loaded again on demand.
+loaded again on demand. Beside the models, ``chunk_digests`` keeps the chunk digests of each
+layout verified whole (Note [chunk digests] in :mod:`trims.daemon.tiers.chunks`).
 
 Every write is one transaction, so a daemon killed mid-write leaves the previous state. The
 schema is versioned with ``PRAGMA user_version`` and migrated forward on open (``_MIGRATIONS``).
@@ -51,8 +52,15 @@ CREATE INDEX IF NOT EXISTS models_digest ON models (digest);
 #: rows become ``committed``.
 _MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE models ADD COLUMN state TEXT NOT NULL DEFAULT 'committed'",
+    # Note [chunk digests] in trims.daemon.tiers.chunks: facts about a layout's content, kept
+    # while a model row names the layout.
+    "CREATE TABLE chunk_digests (digest TEXT PRIMARY KEY, chunk_bytes INTEGER NOT NULL, "
+    "digests BLOB NOT NULL)",
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
+
+#: Chunk digests of layouts no model row names any more.
+_DROP_UNNAMED_CHUNKS = "DELETE FROM chunk_digests WHERE digest NOT IN (SELECT digest FROM models)"
 
 PENDING = "pending"
 COMMITTED = "committed"
@@ -275,6 +283,7 @@ class Catalog:
                 (COMMITTED,),
             ).fetchall()
             db.execute("DELETE FROM models WHERE state != ?", (COMMITTED,))
+            db.execute(_DROP_UNNAMED_CHUNKS)
         return [f"{name}:{version}" for name, version in rows]
 
     def pending_names(self) -> set[str]:
@@ -342,11 +351,40 @@ class Catalog:
 
     def remove(self, name: str, version: str) -> None:
         """Delete the committed row in one transaction (its blob goes after, Note [commit
-        protocol])."""
+        protocol]), with the chunk digests of its layout when no other row names it."""
         with self._transaction() as db:
             db.execute(
                 "DELETE FROM models WHERE name = ? AND version = ? AND state = ?",
                 (name, version, COMMITTED),
+            )
+            db.execute(_DROP_UNNAMED_CHUNKS)
+
+    def chunk_digests(
+        self, digest: str, chunk_bytes: int, count: int, width: int
+    ) -> tuple[bytes, ...] | None:
+        """The saved chunk digests of layout ``digest``: ``count`` digests of ``width`` bytes,
+        one per ``chunk_bytes``; None when none were saved, or with another chunk size or count
+        (a row that does not fit is deleted)."""
+        row = self._db.execute(
+            "SELECT chunk_bytes, digests FROM chunk_digests WHERE digest = ?", (digest,)
+        ).fetchone()
+        if row is None:
+            return None
+        saved_bytes, blob = int(row[0]), bytes(row[1])
+        if saved_bytes != chunk_bytes or len(blob) != count * width:
+            log.info("catalog: chunk digests of %s do not fit this layout; dropped", digest[:12])
+            with self._transaction() as db:
+                db.execute("DELETE FROM chunk_digests WHERE digest = ?", (digest,))
+            return None
+        return tuple(blob[i : i + width] for i in range(0, len(blob), width))
+
+    def save_chunk_digests(self, digest: str, chunk_bytes: int, digests: Iterable[bytes]) -> None:
+        """Save the chunk digests of a layout a model row names (else nothing is saved)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO chunk_digests (digest, chunk_bytes, digests) "
+                "SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM models WHERE digest = ?)",
+                (digest, chunk_bytes, b"".join(digests), digest),
             )
 
     def pinned_in(self, digest: str, tier: str) -> bool:

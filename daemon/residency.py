@@ -21,6 +21,8 @@ from trims.daemon.eviction import Resident, TierLedger
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.settings import DaemonSettings
+from trims.daemon.tiers import chunks
+from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier, Stamp
 from trims.daemon.tiers.gpu import GpuTier
@@ -55,9 +57,13 @@ class Residency:
         self.metrics = metrics
         self.catalog = catalog
         self.leases = leases
-        self.disk = DiskTier(settings.store_dir / "disk", settings.budgets.disk)
+        #: Chunk digests of verified layouts, for every tier (Note [chunk digests]).
+        self.chunks = ChunkDigests()
+        self.disk = DiskTier(settings.store_dir / "disk", settings.budgets.disk, self.chunks)
         self.gpu = gpu
-        self.cpu = CpuTier(settings.cpu_backing)
+        if gpu is not None:
+            gpu.pool = self.chunks
+        self.cpu = CpuTier(settings.cpu_backing, pool=self.chunks)
         self.tiers: dict[str, MemoryTier] = {"cpu": self.cpu}
         if gpu is not None:
             self.tiers["gpu"] = gpu
@@ -85,6 +91,23 @@ class Residency:
     def close(self) -> None:
         for tier in self.tiers.values():
             tier.close()
+        self.chunks.close()
+
+    def recall_chunks(self, digest: str, size: int) -> None:
+        """Bring the saved chunk digests of ``digest`` into memory before it is hashed (Note
+        [chunk digests] in trims.daemon.tiers.chunks)."""
+        if self.chunks.get(digest, size) is not None:
+            return
+        saved = self.catalog.chunk_digests(
+            digest, chunks.CHUNK, chunks.chunk_count(size), chunks.DIGEST_BYTES
+        )
+        if saved is not None:
+            self.chunks.learn(digest, saved)
+
+    def save_chunks(self) -> None:
+        """Save the chunk digests computed since the last call in the catalog."""
+        for digest, digests in self.chunks.take_unsaved().items():
+            self.catalog.save_chunk_digests(digest, chunks.CHUNK, digests)
 
     def resident_tiers(self, digest: str) -> list[str]:
         tiers = [t for t in MEMORY_TIERS if digest in self.ledgers[t].residents]
@@ -103,6 +126,7 @@ class Residency:
     def forget(self, digest: str) -> None:
         """The digest's disk copy is gone or replaced: verify it again before serving."""
         self._verified.pop(digest, None)
+        self.chunks.forget(digest)
 
     def mark_verified(self, digest: str) -> None:
         """A commit of ``digest`` just finished: the blob is verified if that commit placed it
@@ -112,6 +136,7 @@ class Residency:
         if placed is not None and placed == self.disk.stamp(digest):
             self._verified[digest] = placed
             self.count_hashed("disk", placed.size)
+        self.save_chunks()
 
     def count_hashed(self, tier: str, n: int) -> None:
         """``n`` bytes were hashed to verify a copy for ``tier``."""
@@ -348,6 +373,7 @@ class Residency:
                     )
                 ledger.reserved += size
                 started = time.monotonic()
+                self.recall_chunks(record.digest, size)
                 try:
                     loaded = await asyncio.to_thread(
                         self.tiers[tier].load,
@@ -367,6 +393,7 @@ class Residency:
                     raise
                 finally:
                     ledger.reserved -= size
+                    self.save_chunks()
                 ledger.add(record.digest, size)
                 if loaded.stamp is not None:
                     self._verified[record.digest] = loaded.stamp
@@ -419,10 +446,12 @@ class Residency:
 
         async def verify() -> None:
             self._verified.pop(record.digest, None)
+            self.recall_chunks(record.digest, record.total_bytes)
             try:
                 verified = await asyncio.to_thread(self.disk.verify, record.digest)
             finally:
                 self.sync_disk_ledger()
+                self.save_chunks()
             self._verified[record.digest] = verified
             self.count_hashed("disk", verified.size)
 

@@ -23,8 +23,9 @@ import logging
 import os
 from pathlib import Path
 
+from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.disk import Stamp
-from trims.daemon.tiers.memfd import ChunkDigests, create_sealed_memfd
+from trims.daemon.tiers.memfd import create_sealed_memfd
 from trims.daemon.tiers.memory import Export, Loaded, Progress
 from trims.daemon.tiers.pagecache import PinnedFile
 
@@ -95,7 +96,11 @@ class CpuTier:
     name = "cpu"
 
     def __init__(
-        self, backing: str = "auto", thp: Path = _THP, daemon_is_root: bool | None = None
+        self,
+        backing: str = "auto",
+        thp: Path = _THP,
+        daemon_is_root: bool | None = None,
+        pool: ChunkDigests | None = None,
     ) -> None:
         if backing not in CPU_BACKINGS:
             raise ValueError(f"unknown cpu backing {backing!r}; use one of {CPU_BACKINGS}")
@@ -113,8 +118,10 @@ class CpuTier:
         #: "memfd" or "file": how this tier holds every model it loads.
         self.backing = backing
         self._fds: dict[str, tuple[int, int]] = {}
-        #: Chunk digests of the layouts this tier verified (Note [chunk digests]).
-        self._chunks = ChunkDigests()
+        #: Chunk digests of verified layouts, shared with the disk tier (Note [chunk digests]
+        #: in trims.daemon.tiers.chunks); closed by whoever made it.
+        self._own_pool = pool is None
+        self.pool = ChunkDigests() if pool is None else pool
         self._files: dict[str, PinnedFile] = {}
         if backing == "memfd":
             log.info("cpu tier: sealed memfds; %s", huge_page_mode(thp))
@@ -153,7 +160,7 @@ class CpuTier:
         if digest in self._fds:
             return Loaded(None, 0)
         if self.backing == "file":
-            pinned = PinnedFile.open(source, size, digest, label, progress, verified)
+            pinned = PinnedFile.open(source, size, digest, label, progress, verified, self.pool)
             self._files[digest] = pinned
             log.info(
                 "model %s loaded into cpu tier (%d bytes, page cache, %s, %s)",
@@ -163,7 +170,7 @@ class CpuTier:
                 "hashed" if pinned.hashed else "not hashed again: unchanged since verified",
             )
             return Loaded(pinned.stamp, pinned.hashed)
-        fd, stamp = create_sealed_memfd(source, size, digest, label, self._chunks, progress)
+        fd, stamp = create_sealed_memfd(source, size, digest, label, self.pool, progress)
         self._fds[digest] = (fd, size)
         log.info("model %s loaded into cpu tier (%d bytes, sealed memfd)", label, size)
         return Loaded(stamp, size)
@@ -197,4 +204,5 @@ class CpuTier:
     def close(self) -> None:
         for digest in [*self._fds, *self._files]:
             self.free(digest)
-        self._chunks.close()
+        if self._own_pool:
+            self.pool.close()

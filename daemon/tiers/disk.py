@@ -20,7 +20,6 @@ Which blobs may exist at all is the catalog's business (Note [commit protocol] i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,13 +30,13 @@ from typing import NamedTuple
 
 from trims.config import format_size
 from trims.daemon.crashpoints import crashpoint
+from trims.daemon.tiers import chunks
+from trims.daemon.tiers.chunks import Checked, ChunkDigests
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
 from trims.layout import Manifest, validate_digest
 from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
-
-CHUNK = 8 << 20
 
 
 class Stamp(NamedTuple):
@@ -63,26 +62,26 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def file_digest(source: Path | int, size: int, progress: Progress | None = None) -> str:
-    """sha256 of the first ``size`` bytes of ``source`` (a path, or an open descriptor, read
-    with ``pread`` so its offset is left alone), reporting stage "verify"."""
-    h = hashlib.sha256()
-    done = 0
+def check_file(
+    source: Path | int,
+    size: int,
+    digest: str,
+    pool: ChunkDigests | None,
+    progress: Progress | None = None,
+) -> Checked:
+    """Check the first ``size`` bytes of ``source`` (a path, or an open descriptor, read with
+    ``pread`` so its offset is left alone) against ``digest``, by its chunk digests on
+    ``pool`` when known (Note [chunk digests] in :mod:`trims.daemon.tiers.chunks`), reporting
+    stage "verify". CorruptModel when the file is shorter."""
     fd = source if isinstance(source, int) else os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        while done < size:
-            chunk = os.pread(fd, min(CHUNK, size - done), done)
-            if not chunk:
-                name = source.name if isinstance(source, Path) else "the file"
-                raise CorruptModel(f"{name} is truncated: {size - done} of {size} bytes missing")
-            h.update(chunk)
-            done += len(chunk)
-            if progress is not None:
-                progress("verify", done, size)
+        return chunks.check(digest, size, lambda: chunks.file_pieces(fd, size, progress), pool)
+    except EOFError as e:
+        name = source.name if isinstance(source, Path) else "the file"
+        raise CorruptModel(f"{name} is truncated: {e.args[0]} of {size} bytes missing") from e
     finally:
         if fd is not source:
             os.close(fd)
-    return h.hexdigest()
 
 
 def open_copy(source: Path, digest: str, label: str) -> int:
@@ -111,7 +110,7 @@ class DiskTier:
     Thread-safe: the daemon commits from worker threads while it serves from the event loop.
     """
 
-    def __init__(self, root: Path, budget: int) -> None:
+    def __init__(self, root: Path, budget: int, pool: ChunkDigests | None = None) -> None:
         if budget < 0:
             raise ValidationError(f"disk tier budget {budget} must not be negative")
         self.root = root
@@ -121,6 +120,8 @@ class DiskTier:
         self._blobs.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        #: Where chunk digests are computed and kept (None: whole hashes only).
+        self.pool = pool
         self._sizes: dict[str, int] = {}
         #: Blobs this tier placed after hashing them, with their stamp once in place.
         self._placed: dict[str, Stamp] = {}
@@ -167,7 +168,7 @@ class DiskTier:
                     f"layout of {manifest.name}:{manifest.version} has {size} bytes, its "
                     f"manifest says {manifest.total_bytes}; it was not stored"
                 )
-            actual = file_digest(temp, size, progress)
+            actual = check_file(temp, size, digest, self.pool, progress).actual
             if actual != digest:
                 raise CorruptModel(
                     f"layout of {manifest.name}:{manifest.version} has sha256 {actual}, its "
@@ -280,7 +281,7 @@ class DiskTier:
                 f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            actual = file_digest(blob, before.size)
+            actual = check_file(blob, before.size, digest, self.pool).actual
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:

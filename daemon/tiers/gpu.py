@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import logging
 import mmap
 import os
@@ -41,6 +40,8 @@ from trims.cuda import (
     CudaError,
     load_library,
 )
+from trims.daemon.tiers import chunks
+from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.disk import Stamp
 from trims.daemon.tiers.memory import Export, Loaded, Progress
 from trims.errors import CorruptModel, TrimsError, Unavailable
@@ -64,15 +65,21 @@ def round_up(n: int, granularity: int) -> int:
     return (max(n, 1) + granularity - 1) // granularity * granularity
 
 
-def _host_view(source: Path, size: int, digest: str, label: str) -> mmap.mmap:
-    """A private mapping of the verified disk layout (ctypes needs a writable buffer)."""
+def _host_view(
+    source: Path, size: int, digest: str, label: str, pool: ChunkDigests | None
+) -> mmap.mmap:
+    """A private mapping of the verified disk layout (ctypes needs a writable buffer), checked
+    by its chunk digests on ``pool`` when known (Note [chunk digests] in
+    :mod:`trims.daemon.tiers.chunks`)."""
     with open(source, "rb") as f:
         if os.fstat(f.fileno()).st_size < size:
             raise CorruptModel(f"the disk copy of {label} is truncated; remove it and add it again")
         view = mmap.mmap(
             f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
-    if hashlib.sha256(memoryview(view)).hexdigest() != digest:
+    with memoryview(view) as whole:
+        checked = chunks.check(digest, size, lambda: chunks.view_pieces(whole, size), pool)
+    if checked.actual != digest:
         view.close()
         raise CorruptModel(f"the disk copy of {label} fails its digest check; add it again")
     return view
@@ -100,6 +107,8 @@ class GpuTier:
         self._allocs: dict[str, _Allocation] = {}
         self._lock = threading.Lock()
         self._cudart: ctypes.CDLL | None = None
+        #: Chunk digests of verified layouts, the residency's (Note [chunk digests]).
+        self.pool: ChunkDigests | None = None
 
     def names(self) -> tuple[str, ...]:
         """The names an acquire may give for this device: its UUID and its ordinal."""
@@ -120,7 +129,7 @@ class GpuTier:
             if digest in self._allocs:
                 return Loaded(None, 0)
             self.driver.set_context(self._ctx)
-            view = _host_view(source, size, digest, label)
+            view = _host_view(source, size, digest, label, self.pool)
             try:
                 host = ctypes.c_char.from_buffer(view)
                 try:

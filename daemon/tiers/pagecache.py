@@ -58,7 +58,8 @@ import os
 import resource
 from pathlib import Path
 
-from trims.daemon.tiers.disk import Stamp, check_copy_digest, file_digest, open_copy
+from trims.daemon.tiers.chunks import ChunkDigests
+from trims.daemon.tiers.disk import Stamp, check_copy_digest, check_file, open_copy
 from trims.errors import CorruptModel, TrimsError
 from trims.libc import MADV_POPULATE_READ, MAP_FAILED, libc
 from trims.protocol import Progress
@@ -117,14 +118,16 @@ class PinnedFile:
         label: str,
         progress: Progress | None = None,
         verified: Stamp | None = None,
+        pool: ChunkDigests | None = None,
     ) -> PinnedFile:
         """Open ``source``, hash its first ``size`` bytes against ``digest`` and map them.
 
         The hash is skipped when the file still has the stamp ``verified`` it was last hashed
         under (Note [trusted re-loads] in :mod:`trims.daemon.residency`); :attr:`hashed` says
-        which happened. Blocking. Raises CorruptModel when the file is missing, shorter than
-        ``size``, fails the digest, is writable by group or others, or changed while it was
-        hashed.
+        which happened; a hash checks chunk digests on ``pool`` when it knows them (Note
+        [chunk digests] in :mod:`trims.daemon.tiers.chunks`). Blocking. Raises CorruptModel
+        when the file is missing, shorter than ``size``, fails the digest, is writable by
+        group or others, or changed while it was hashed.
         """
         fd = open_copy(source, digest, label)
         try:
@@ -142,8 +145,8 @@ class PinnedFile:
                 )
             hashed = 0 if before == verified else size
             if hashed:
-                digest_of = file_digest(fd, size, _loaded_and_verified(progress))
-                check_copy_digest(digest_of, digest, label)
+                checked = check_file(fd, size, digest, pool, _loaded_and_verified(progress))
+                check_copy_digest(checked.actual, digest, label)
                 if Stamp.of(os.fstat(fd)) != before:
                     raise CorruptModel(
                         f"the disk copy of {label} changed while it was verified; remove the "

@@ -71,14 +71,17 @@ def test_tier_loads(tmp_path: Path) -> None:
     doc = _run("tier_loads.py", tmp_path / "t.json", "--quick", "--runs", "1")
     assert doc["quick"] is True and doc["mb"] == 64
     rows = {(r["backing"], r["load"]): r for r in doc["results"]}
-    assert set(rows) == {(b, load) for b in ("memfd", "file") for load in ("first", "again")}
+    loads = {(b, load) for b in ("memfd", "file") for load in ("first", "again", "restart")}
+    assert set(rows) == loads | {("disk", "commit"), ("disk", "commit+chunks")}
     for r in rows.values():
         assert r["ms"] > 0 and r["runs"] == 1 and r["min_ms"] <= r["ms"] <= r["max_ms"]
-    # a memfd copy is hashed every time (by chunks the second); an unchanged file is not
+    # a memfd copy is hashed every time (by chunks after the first); an unchanged file is not,
+    # until a restart forgets that it was verified
     hashed = {key: r["hashed_mib"] for key, r in rows.items()}
-    assert hashed == {("memfd", "first"): 64, ("memfd", "again"): 64,
-                      ("file", "first"): 64, ("file", "again"): 0}  # fmt: skip
-    assert rows[("memfd", "first")]["vs_first"] == 1.0
+    assert hashed == {("memfd", "first"): 64, ("memfd", "again"): 64, ("memfd", "restart"): 64,
+                      ("file", "first"): 64, ("file", "again"): 0, ("file", "restart"): 64,
+                      ("disk", "commit"): 64, ("disk", "commit+chunks"): 64}  # fmt: skip
+    assert rows[("memfd", "first")]["vs_first"] == rows[("disk", "commit")]["vs_first"] == 1.0
 
 
 @pytest.mark.slow

@@ -104,3 +104,39 @@ def test_a_catalog_of_the_old_schema_is_migrated(tmp_path: Path) -> None:
         db.close()
     with pytest.raises(TrimsError, match="newer"):
         Catalog(path)
+
+
+def test_chunk_digests_are_kept_while_a_row_names_their_layout(tmp_path: Path) -> None:
+    catalog = Catalog(tmp_path / "c.sqlite")
+    try:
+        two = (b"\x01" * 32, b"\x02" * 32)
+        catalog.save_chunk_digests("c" * 64, 4096, two)  # no row names it: nothing is saved
+        assert catalog.chunk_digests("c" * 64, 4096, 2, 32) is None
+        catalog.add(_record("m", "1"))
+        catalog.add(_record("n", "1"))  # the same layout
+        catalog.save_chunk_digests("a" * 64, 4096, two)
+        assert catalog.chunk_digests("a" * 64, 4096, 2, 32) == two
+        catalog.remove("m", "1")
+        assert catalog.chunk_digests("a" * 64, 4096, 2, 32) == two  # n still names it
+        catalog.close()
+        catalog = Catalog(tmp_path / "c.sqlite")
+        assert catalog.chunk_digests("a" * 64, 4096, 2, 32) == two
+        catalog.remove("n", "1")
+        catalog.add(_record("n", "1"))
+        assert catalog.chunk_digests("a" * 64, 4096, 2, 32) is None
+    finally:
+        catalog.close()
+
+
+@pytest.mark.parametrize(("chunk_bytes", "count"), [(8192, 2), (4096, 3)])
+def test_chunk_digests_of_another_chunk_size_or_count_are_dropped(
+    tmp_path: Path, chunk_bytes: int, count: int
+) -> None:
+    catalog = Catalog(tmp_path / "c.sqlite")
+    try:
+        catalog.add(_record("m", "1"))
+        catalog.save_chunk_digests("a" * 64, 4096, (b"\x01" * 32, b"\x02" * 32))
+        assert catalog.chunk_digests("a" * 64, chunk_bytes, count, 32) is None
+        assert catalog.chunk_digests("a" * 64, 4096, 2, 32) is None  # the row is gone
+    finally:
+        catalog.close()

@@ -200,3 +200,31 @@ def test_legacy_cuda_ipc_export_is_read_by_another_process(tmp_path: Path) -> No
     finally:
         exporter.communicate(timeout=60)
     assert exporter.returncode == 0
+
+
+def test_the_host_view_a_gpu_load_copies_from_is_checked_by_chunk_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs without a GPU: the hash before the copy to the device (Note [chunk digests])."""
+    from tests.daemon.layouts import committed_blob
+    from trims.daemon.tiers import chunks
+    from trims.daemon.tiers.gpu import _host_view
+    from trims.errors import CorruptModel
+
+    monkeypatch.setattr(chunks, "CHUNK", 12288)
+    path, manifest = committed_blob(tmp_path / "disk", np.arange(10240, dtype=np.float32))
+    size = manifest.total_bytes
+    pool = chunks.ChunkDigests(workers=2)
+    try:
+        for _ in range(2):  # hashed whole, then by the chunk digests kept the first time
+            view = _host_view(path, size, manifest.digest, "m", pool)
+            assert view[:size] == path.read_bytes()
+            view.close()
+            assert pool.get(manifest.digest, size) is not None
+        path.chmod(0o644)
+        with open(path, "r+b") as f:
+            f.write(b"\x01")
+        with pytest.raises(CorruptModel, match="fails its digest check"):
+            _host_view(path, size, manifest.digest, "m", pool)
+    finally:
+        pool.close()
