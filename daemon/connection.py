@@ -339,8 +339,19 @@ class Connection:
             finally:
                 # progress frames go out before the final reply
                 await asyncio.gather(*pending)
-        except (asyncio.CancelledError, TrimsError):
+        except TrimsError:
             raise
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            # Nobody cancelled this request: code on a worker thread raised
+            # concurrent.futures.CancelledError, which asyncio re-raises as its own. Passed
+            # on, it would end the request without a reply, and the client would wait for
+            # its timeout.
+            log.error("request %r of pid %d failed: %r from a worker thread",
+                      message.get("op"), caller.pid, e, exc_info=True)  # fmt: skip
+            raise TrimsError(f"internal error in {message.get('op')!r}; see the daemon log") from e
         except Exception as e:
             log.exception("request %r of pid %d failed", message.get("op"), caller.pid)
             # Only the store's owner sees the cause: it may name host paths.
