@@ -77,11 +77,14 @@ def _host_view(
         view = mmap.mmap(
             f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
-    with memoryview(view) as whole:
-        checked = chunks.check(digest, size, lambda: chunks.view_pieces(whole, size), pool)
-    if checked.actual != digest:
+    try:
+        with memoryview(view) as whole:
+            checked = chunks.check(digest, size, lambda: chunks.view_pieces(whole, size), pool)
+        if checked.actual != digest:
+            raise CorruptModel(f"the disk copy of {label} fails its digest check; add it again")
+    except BaseException:
         view.close()
-        raise CorruptModel(f"the disk copy of {label} fails its digest check; add it again")
+        raise
     return view
 
 
