@@ -211,14 +211,17 @@ def check(
         pool.forget(digest)
     else:
         differ = None
-    actual, digests = hash_pieces(read(), pool, None, pool.parallel if each is None else each)
+    if differ is not None or each is None:
+        each = differ is not None or pool.parallel  # wrong digests are replaced
+    actual, digests = hash_pieces(read(), pool, None, each)
     assert actual is not None
-    if actual == digest and digests:
-        if differ is not None:
-            log.warning("layout %s: its recorded chunk digests were wrong; replaced", digest[:12])
-            differ = None
+    if actual != digest:
+        return Checked(actual, differ)
+    if differ is not None:
+        log.warning("layout %s: its recorded chunk digests were wrong; replaced", digest[:12])
+    if digests:
         pool.keep(digest, digests)
-    return Checked(actual, differ)
+    return Checked(actual)
 
 
 def view_pieces(view: memoryview, size: int) -> Iterator[memoryview]:

@@ -102,13 +102,18 @@ def test_wrong_recorded_chunk_digests_cost_a_whole_hash_and_are_replaced(
     assert pool.take_unsaved() == {DIGEST: _expected(DATA)}
 
 
-def test_one_cpu_computes_no_chunk_digests_unless_asked() -> None:
+def test_one_cpu_computes_no_chunk_digests_unless_asked_or_replacing_wrong_ones() -> None:
     single = ChunkDigests(workers=1)
     try:
         assert not single.parallel
         assert chunks.check(DIGEST, len(DATA), Source(DATA).pieces, single).actual == DIGEST
         assert single.get(DIGEST) is None
         chunks.check(DIGEST, len(DATA), Source(DATA).pieces, single, each=True)
+        assert single.get(DIGEST) == _expected(DATA)
+        single.forget(DIGEST)
+        single.learn(DIGEST, (b"\x00" * 32,) * 4)
+        checked = chunks.check(DIGEST, len(DATA), Source(DATA).pieces, single)
+        assert checked == chunks.Checked(DIGEST)
         assert single.get(DIGEST) == _expected(DATA)
     finally:
         single.close()
