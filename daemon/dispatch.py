@@ -186,6 +186,14 @@ async def _remove(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | N
     return store.remove(c, _name(a), _version(a), _bool(a, "force"))
 
 
+async def _verify(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:
+    name = None if a.get("name") is None else _name(a)
+    version = _version(a)
+    if version is not None and name is None:
+        raise ValidationError("argument 'version' needs 'name'")
+    return await store.verify(c, name, version)
+
+
 _Handler = Callable[[Store, Caller, Mapping[str, Any], "Progress | None"], Any]
 _HANDLERS: dict[Op, _Handler] = {
     Op.HELLO: _hello,
@@ -200,4 +208,5 @@ _HANDLERS: dict[Op, _Handler] = {
     Op.UNPIN: _unpin,
     Op.ADD: _add,
     Op.REMOVE: _remove,
+    Op.VERIFY: _verify,
 }

@@ -437,11 +437,11 @@ class Residency:
     # copies always hash what they copy. ``stats`` and ``trims_verified_bytes`` count the
     # bytes hashed per tier.
 
-    async def verify_disk(self, record: ModelRecord) -> None:
+    async def verify_disk(self, record: ModelRecord, *, force: bool = False) -> None:
         """Check the disk file against its digest before serving it: once, and again whenever
-        its stamp changed since (Note [disk re-verification])."""
+        its stamp changed since (Note [disk re-verification]), or now with ``force``."""
         stamp = self.disk.stamp(record.digest)
-        if stamp is not None and self._verified.get(record.digest) == stamp:
+        if not force and stamp is not None and self._verified.get(record.digest) == stamp:
             return
 
         async def verify() -> None:

@@ -523,6 +523,45 @@ class Store:
             self.res.drop_disk_copy(digest, "its add failed before it committed")
             self._update_gauges()
 
+    async def verify(self, caller: Caller, name: str | None, version: str | None) -> StoreReply:
+        """Hash the disk copy of every model (or of ``name``, or of one version) again, whatever
+        its stamp: bytes that changed without moving it (a disk's bit rot, a write through a
+        mapping made before the last check) are found, and the damaged copy is deleted as any
+        failed check deletes it (Note [disk re-verification] in trims.daemon.residency).
+
+        One entry per layout: ``state`` "ok", "damaged" (with ``error``) or "absent" (not on
+        disk: fetched and verified again on its next use)."""
+        if name is None:
+            records = self.catalog.all()
+        elif version is not None:
+            records = [self.catalog.get(name, version)]
+        else:
+            records = [r for r in self.catalog.all() if r.name == name]
+            if not records:
+                raise not_found(name, None)
+        layouts: dict[str, list[ModelRecord]] = {}
+        for r in records:
+            layouts.setdefault(r.digest, []).append(r)
+        results: list[dict[str, Any]] = []
+        for digest, named in layouts.items():
+            entry: dict[str, Any] = {
+                "models": [r.key for r in named],
+                "digest": digest,
+                "bytes": named[0].total_bytes,
+                "state": "ok",
+            }
+            if not self.res.disk.contains(digest):
+                entry["state"] = "absent"
+            else:
+                try:
+                    await self.res.verify_disk(named[0], force=True)
+                except CorruptModel as e:
+                    self.res.drop_disk_copy(digest, f"verify found it damaged ({e.message})")
+                    entry.update(state="damaged", error=e.message)
+            results.append(entry)
+        self._update_gauges()
+        return StoreReply({"verified": results})
+
     def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> StoreReply:
         records = (
             [self.catalog.get(name, version)]

@@ -1,4 +1,5 @@
-"""`trims models`: add, list, inspect, load, pin, evict and remove models in the node's store.
+"""`trims models`: add, list, inspect, load, pin, evict, verify and remove models in the node's
+store.
 
 Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr;
 one line per stage when it is not a terminal, see :mod:`trims.runtime.progress`) from the
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trims.config import admin_socket_for, default_socket, format_size
+from trims.errors import ValidationError
 from trims.runtime.progress import ProgressBars
 from trims.tables import text_table
 
@@ -108,6 +110,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _model_args(action("pin", "keep a model resident in a tier"), tier="cpu")
     _model_args(action("unpin", "let a model be evicted again"), tier="")
     _model_args(action("evict", "drop a model from a tier now"), tier="")
+    p = action(
+        "verify",
+        "hash the disk copies again, whatever their stamp; a damaged copy is deleted (exit 1)",
+    )
+    p.add_argument("name", nargs="?", help="only this model (default: every model)")
+    p.add_argument("--version", help="only this version of NAME")
 
 
 def _resolve_id(kind: str, text: str) -> int:
@@ -213,6 +221,30 @@ def _stats_text(stats: dict[str, Any]) -> str:
     return f"{table}\nleases: {stats.get('leases', 0)}  clients: {stats.get('clients', 0)}"
 
 
+def _verify_text(verified: dict[str, Any]) -> str:
+    entries = verified["verified"]
+    rows = [
+        [
+            ", ".join(e.get("models", [])),
+            str(e.get("digest", ""))[:12],
+            format_size(int(e.get("bytes", 0))),
+            {"absent": "not on disk (verified when fetched again)"}.get(
+                e.get("state", ""), str(e.get("state", ""))
+            )
+            + (f": {e['error']}" if e.get("error") else ""),
+        ]
+        for e in entries
+    ]
+    table = text_table(["MODELS", "DIGEST", "SIZE", "RESULT"], rows)
+    damaged = sum(e.get("state") == "damaged" for e in entries)
+    if damaged:
+        table += (
+            f"\n{damaged} damaged: deleted from the disk tier; a model with a source is fetched "
+            "again on its next use, add the others again"
+        )
+    return table
+
+
 def _emit(settings: CliSettings, value: Any, text: Callable[[Any], str]) -> None:
     print(json.dumps(value, indent=2, sort_keys=True) if settings.json else text(value))
 
@@ -276,6 +308,13 @@ def run(args: argparse.Namespace) -> int:
                         f"{m['name']}:{m['version']} pinned in: {', '.join(m['pins']) or '-'}"
                     ),
                 )
+            elif action == "verify":
+                if args.version is not None and args.name is None:
+                    raise ValidationError("--version needs a model NAME")
+                verified = {"verified": c.verify(args.name, args.version)}
+                _emit(settings, verified, _verify_text)
+                if any(e.get("state") == "damaged" for e in verified["verified"]):
+                    return 1
             elif action == "evict":
                 evicted = c.evict(args.name, args.version, tier=args.tier)
                 _emit(

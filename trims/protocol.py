@@ -137,6 +137,7 @@ class Op(StrEnum):
     UNPIN = "unpin"
     ADD = "add"
     REMOVE = "remove"
+    VERIFY = "verify"
 
 
 #: Operations a function instance may call (the store socket).

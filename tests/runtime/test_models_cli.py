@@ -131,3 +131,47 @@ def test_add_with_an_access_list_by_name_and_number(
     assert unknown.returncode == 1 and "no group of that name" in unknown.stderr
     too_big = trims_models(sock, "add", "x", str(source), "--allow-uid", str(2**70))
     assert too_big.returncode == 1 and "access.uids[0]" in too_big.stderr
+
+
+def test_verify_hashes_every_disk_copy_again_and_deletes_a_damaged_one(
+    store_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    sock = store_daemon.socket
+    for name, value in (("good", 1.0), ("bad", 2.0)):
+        path = tmp_path / f"{name}.safetensors"
+        safetensors_numpy.save_file({"w": np.full((64, 64), value, np.float32)}, str(path))
+        ok(sock, "add", name, str(path), "--no-progress")
+    ok(sock, "load", "good", "--tier", "cpu", "--no-progress")
+
+    def hashed() -> int:
+        return int(json.loads(ok(sock, "--json", "stats"))["tiers"]["disk"]["hashed_bytes"])
+
+    before = hashed()
+    table = ok(sock, "verify").splitlines()
+    assert table[0].split() == ["MODELS", "DIGEST", "SIZE", "RESULT"]
+    assert sorted(line.split()[0] for line in table[1:]) == ["bad:1", "good:1"]
+    assert all(line.split()[-1] == "ok" for line in table[1:]), table
+    sizes = {m["name"]: m["total_bytes"] for m in json.loads(ok(sock, "--json", "ls"))}
+    assert hashed() - before == sum(sizes.values())  # stamps unchanged, hashed anyway
+
+    [only] = json.loads(ok(sock, "--json", "verify", "good"))["verified"]
+    assert only["models"] == ["good:1"] and only["state"] == "ok"
+
+    digest = json.loads(ok(sock, "--json", "info", "bad"))["digest"]
+    blob = store_daemon.store_dir / "disk" / "blobs" / digest
+    blob.chmod(0o644)
+    with open(blob, "r+b") as f:
+        f.seek(sizes["bad"] - 4096)
+        f.write(b"\x00" * 4)
+    done = trims_models(sock, "verify")
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"^bad:1 +\w+ +[\d.]+ \S+ +damaged: ", done.stdout, re.M), done.stdout
+    assert re.search(r"^good:1 .* ok$", done.stdout, re.M), done.stdout
+    assert "1 damaged: deleted from the disk tier" in done.stdout
+    assert not blob.exists()
+    assert "not on disk" in ok(sock, "verify", "bad", "--version", "1")
+    assert json.loads(ok(sock, "--json", "info", "good"))["tiers"] == ["cpu", "disk"]
+    refused = trims_models(sock, "verify", "--version", "1")
+    assert refused.returncode == 1 and "--version needs a model NAME" in refused.stderr
+    missing = trims_models(sock, "verify", "nothing")
+    assert missing.returncode == 1 and "not in the store" in missing.stderr
