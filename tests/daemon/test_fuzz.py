@@ -71,6 +71,7 @@ ARGS: dict[str, dict[str, tuple[type, ...]]] = {
         "access": (dict,),
     },
     "remove": {"name": (str,), "version": (str,), "force": (bool,)},
+    "verify": {"name": (str,), "version": (str,)},
 }
 assert set(ARGS) == {op.value for op in Op}
 
