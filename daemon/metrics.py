@@ -73,6 +73,13 @@ class DaemonMetrics:
             ["tier"],
             registry=r,
         )
+        self.damaged = Counter(
+            "trims_damaged_copies",
+            "Copies that failed their digest check, by the tier whose check found it; the disk "
+            "copy is deleted each time (alert on any increase)",
+            ["tier"],
+            registry=r,
+        )
         self.evictions = Counter(
             "trims_evictions", "Models evicted from a tier", ["tier"], registry=r
         )

@@ -87,6 +87,7 @@ class Residency:
         for t, ledger in (*self.ledgers.items(), ("disk", self.disk_ledger)):
             metrics.bytes_budget.labels(t).set(ledger.budget)
             metrics.hashed_bytes.labels(t)  # exported as 0 until something is hashed
+            metrics.damaged.labels(t)
 
     def close(self) -> None:
         for tier in self.tiers.values():
@@ -385,6 +386,7 @@ class Residency:
                         self._verified.get(record.digest),
                     )
                 except CorruptModel as e:
+                    self.metrics.damaged.labels(tier).inc()
                     self.drop_disk_copy(
                         record.digest,
                         f"loading {record.key} into the {tier} tier failed its digest check "
@@ -449,6 +451,9 @@ class Residency:
             self.recall_chunks(record.digest, record.total_bytes)
             try:
                 verified = await asyncio.to_thread(self.disk.verify, record.digest)
+            except CorruptModel:
+                self.metrics.damaged.labels("disk").inc()
+                raise
             finally:
                 self.sync_disk_ledger()
                 self.save_chunks()

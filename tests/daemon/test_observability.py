@@ -68,6 +68,17 @@ def test_metrics_endpoint_reports_tiers_leases_loads_evictions_errors(
     both = tiers["disk"]["used"]
     assert m['trims_verified_bytes_total{tier="cpu"}'] == tiers["cpu"]["hashed_bytes"] == both
     assert m['trims_verified_bytes_total{tier="disk"}'] == tiers["disk"]["hashed_bytes"] == 0
+    assert m['trims_damaged_copies_total{tier="disk"}'] == 0
+    blob = daemon.store_dir / "disk" / "blobs" / held["manifest"]["digest"]
+    blob.chmod(0o644)  # a's disk copy is damaged: the next scrub finds it and deletes it
+    with open(blob, "r+b") as f:
+        f.write(b"\x01")
+    with RawClient(daemon.admin_socket) as admin:
+        states = {e["models"][0]: e["state"] for e in admin.result("verify")["verified"]}
+    assert states == {"a:1": "damaged", "b:1": "ok"}
+    m = _scrape(daemon.metrics_url)
+    assert m['trims_damaged_copies_total{tier="disk"}'] == 1
+    assert m['trims_verified_bytes_total{tier="disk"}'] == tiers["disk"]["used"] - 4096
 
 
 class _Collector(BaseHTTPRequestHandler):
