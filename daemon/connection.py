@@ -326,7 +326,7 @@ class Connection:
             if not isinstance(rid, int) or isinstance(rid, bool):
                 raise ValidationError("request 'id' must be an integer")
             op = message.get("op")
-            progress = self._progress(rid, pending) if op in ("add", "load") else None
+            progress = self._progress(rid, pending) if op in ("add", "load", "verify") else None
             try:
                 return await dispatch(
                     self.server.store,

@@ -191,7 +191,7 @@ async def _verify(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | N
     version = _version(a)
     if version is not None and name is None:
         raise ValidationError("argument 'version' needs 'name'")
-    return await store.verify(c, name, version)
+    return await store.verify(c, name, version, p)
 
 
 _Handler = Callable[[Store, Caller, Mapping[str, Any], "Progress | None"], Any]

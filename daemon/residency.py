@@ -439,9 +439,12 @@ class Residency:
     # copies always hash what they copy. ``stats`` and ``trims_verified_bytes`` count the
     # bytes hashed per tier.
 
-    async def verify_disk(self, record: ModelRecord, *, force: bool = False) -> None:
+    async def verify_disk(
+        self, record: ModelRecord, *, force: bool = False, progress: Progress | None = None
+    ) -> None:
         """Check the disk file against its digest before serving it: once, and again whenever
-        its stamp changed since (Note [disk re-verification]), or now with ``force``."""
+        its stamp changed since (Note [disk re-verification]), or now with ``force``;
+        ``progress`` hears of a hash this call starts (not one it joins)."""
         stamp = self.disk.stamp(record.digest)
         if not force and stamp is not None and self._verified.get(record.digest) == stamp:
             return
@@ -450,7 +453,7 @@ class Residency:
             self._verified.pop(record.digest, None)
             self.recall_chunks(record.digest, record.total_bytes)
             try:
-                verified = await asyncio.to_thread(self.disk.verify, record.digest)
+                verified = await asyncio.to_thread(self.disk.verify, record.digest, progress)
             except CorruptModel:
                 self.metrics.damaged.labels("disk").inc()
                 raise

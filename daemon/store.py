@@ -523,14 +523,17 @@ class Store:
             self.res.drop_disk_copy(digest, "its add failed before it committed")
             self._update_gauges()
 
-    async def verify(self, caller: Caller, name: str | None, version: str | None) -> StoreReply:
+    async def verify(
+        self, caller: Caller, name: str | None, version: str | None, progress: Progress | None
+    ) -> StoreReply:
         """Hash the disk copy of every model (or of ``name``, or of one version) again, whatever
         its stamp: bytes that changed without moving it (a disk's bit rot, a write through a
         mapping made before the last check) are found, and the damaged copy is deleted as any
         failed check deletes it (Note [disk re-verification] in trims.daemon.residency).
 
         One entry per layout: ``state`` "ok", "damaged" (with ``error``) or "absent" (not on
-        disk: fetched and verified again on its next use)."""
+        disk: fetched and verified again on its next use). ``progress`` hears stage "verify"
+        over the bytes of every layout on disk together."""
         if name is None:
             records = self.catalog.all()
         elif version is not None:
@@ -543,6 +546,9 @@ class Store:
         for r in records:
             layouts.setdefault(r.digest, []).append(r)
         results: list[dict[str, Any]] = []
+        on_disk = [d for d in layouts if self.res.disk.contains(d)]
+        total = sum(layouts[d][0].total_bytes for d in on_disk)
+        offset = 0
         for digest, named in layouts.items():
             entry: dict[str, Any] = {
                 "models": [r.key for r in named],
@@ -553,8 +559,10 @@ class Store:
             if not self.res.disk.contains(digest):
                 entry["state"] = "absent"
             else:
+                report = None if progress is None else _offset(progress, offset, total)
+                offset += named[0].total_bytes
                 try:
-                    await self.res.verify_disk(named[0], force=True)
+                    await self.res.verify_disk(named[0], force=True, progress=report)
                 except CorruptModel as e:
                     self.res.drop_disk_copy(digest, f"verify found it damaged ({e.message})")
                     entry.update(state="damaged", error=e.message)
@@ -596,3 +604,12 @@ class Store:
         self._remove_strays({r.name for r in records})
         self._update_gauges()
         return StoreReply({"removed": [r.key for r in records]})
+
+
+def _offset(progress: Progress, offset: int, total: int) -> Progress:
+    """``progress`` for one part of a longer operation: its bytes come after ``offset``."""
+
+    def report(stage: str, done: int, _total: int | None) -> None:
+        progress(stage, offset + done, total)
+
+    return report

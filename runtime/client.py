@@ -522,11 +522,17 @@ class StoreClient:
         result = self._call(Op.LOAD, args, admin=True, progress=progress, timeout=LONG_OP_TIMEOUT)
         return dict(result.get("model") or {})
 
-    def verify(self, name: str | None = None, version: str | None = None) -> Any:
+    def verify(
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        *,
+        progress: Progress | None = None,
+    ) -> Any:
         """Hash the disk copies of every model (or of ``name``) again; one entry per layout
         with its ``state``: "ok", "damaged" (deleted; ``error`` says why) or "absent"."""
         args = {"name": name, "version": version}
-        result = self._call(Op.VERIFY, args, admin=True, timeout=LONG_OP_TIMEOUT)
+        result = self._call(Op.VERIFY, args, admin=True, progress=progress, timeout=LONG_OP_TIMEOUT)
         return [dict(e) for e in result.get("verified") or []]  # list[dict[str, Any]]
 
     def evict(self, name: str, version: str | None = None, *, tier: str | None = None) -> Any:

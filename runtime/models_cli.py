@@ -1,13 +1,13 @@
 """`trims models`: add, list, inspect, load, pin, evict, verify and remove models in the node's
 store.
 
-Tables for people, ``--json`` for scripts; ``add`` and ``load`` draw progress bars (stderr;
-one line per stage when it is not a terminal, see :mod:`trims.runtime.progress`) from the
-daemon's progress frames. The common options (``--socket``, ``--json``, ``--timeout``,
-``--no-progress``) go before or after the action. Admin actions go over the admin socket
-beside the store socket, so they work only for the store's owner; ``ls`` and ``info`` use it
-when they can, to show every model with its source and access list (``add --allow-uid`` and
-``--allow-gid``).
+Tables for people, ``--json`` for scripts; ``add``, ``load`` and ``verify`` draw progress
+bars (stderr; one line per stage when it is not a terminal, see
+:mod:`trims.runtime.progress`) from the daemon's progress frames. The common options
+(``--socket``, ``--json``, ``--timeout``, ``--no-progress``) go before or after the action.
+Admin actions go over the admin socket beside the store socket, so they work only for the
+store's owner; ``ls`` and ``info`` use it when they can, to show every model with its source
+and access list (``add --allow-uid`` and ``--allow-gid``).
 """
 
 from __future__ import annotations
@@ -311,7 +311,8 @@ def run(args: argparse.Namespace) -> int:
             elif action == "verify":
                 if args.version is not None and args.name is None:
                     raise ValidationError("--version needs a model NAME")
-                verified = {"verified": c.verify(args.name, args.version)}
+                verified = {"verified": c.verify(args.name, args.version, progress=bars)}
+                bars.close()
                 _emit(settings, verified, _verify_text)
                 if any(e.get("state") == "damaged" for e in verified["verified"]):
                     return 1

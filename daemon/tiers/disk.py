@@ -248,14 +248,15 @@ class DiskTier:
         except FileNotFoundError:
             return None
 
-    def verify(self, digest: str) -> Stamp:
-        """Recompute the blob's sha256; return the stamp it was verified under.
+    def verify(self, digest: str, progress: Progress | None = None) -> Stamp:
+        """Recompute the blob's sha256 (reporting stage "verify"); return the stamp it was
+        verified under.
 
         A blob that fails (wrong size or digest, unreadable manifest, changed while it was
         hashed) is deleted at once, then CorruptModel is raised: it is never served again.
         """
         try:
-            return self._verify(digest)
+            return self._verify(digest, progress)
         except CorruptModel as e:
             if self.contains(digest) or self.path(digest).exists():
                 self.remove(digest)
@@ -268,7 +269,7 @@ class DiskTier:
                 f"{e.message}; the damaged copy was deleted from the disk tier"
             ) from e
 
-    def _verify(self, digest: str) -> Stamp:
+    def _verify(self, digest: str, progress: Progress | None) -> Stamp:
         manifest = self.manifest(digest)
         blob = self.path(digest)
         try:
@@ -281,7 +282,7 @@ class DiskTier:
                 f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            actual = check_file(blob, before.size, digest, self.pool).actual
+            actual = check_file(blob, before.size, digest, self.pool, progress).actual
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.store import DaemonProcess
+from trims.config import format_size
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -147,14 +148,21 @@ def test_verify_hashes_every_disk_copy_again_and_deletes_a_damaged_one(
         return int(json.loads(ok(sock, "--json", "stats"))["tiers"]["disk"]["hashed_bytes"])
 
     before = hashed()
-    table = ok(sock, "verify").splitlines()
+    scrub = trims_models(sock, "verify")
+    assert scrub.returncode == 0, scrub.stderr
+    # one progress line for the whole scrub: both layouts' bytes together
+    sizes = {m["name"]: m["total_bytes"] for m in json.loads(ok(sock, "--json", "ls"))}
+    total = format_size(sum(sizes.values()))
+    assert re.fullmatch(rf"verify +{total} in [\d.]+ s \(.*\)\n", scrub.stderr), scrub.stderr
+    table = scrub.stdout.splitlines()
     assert table[0].split() == ["MODELS", "DIGEST", "SIZE", "RESULT"]
     assert sorted(line.split()[0] for line in table[1:]) == ["bad:1", "good:1"]
     assert all(line.split()[-1] == "ok" for line in table[1:]), table
-    sizes = {m["name"]: m["total_bytes"] for m in json.loads(ok(sock, "--json", "ls"))}
     assert hashed() - before == sum(sizes.values())  # stamps unchanged, hashed anyway
 
-    [only] = json.loads(ok(sock, "--json", "verify", "good"))["verified"]
+    quiet = trims_models(sock, "--json", "verify", "good", "--no-progress")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    [only] = json.loads(quiet.stdout)["verified"]
     assert only["models"] == ["good:1"] and only["state"] == "ok"
 
     digest = json.loads(ok(sock, "--json", "info", "bad"))["digest"]
