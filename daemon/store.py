@@ -563,6 +563,8 @@ class Store:
                 offset += named[0].total_bytes
                 try:
                     await self.res.verify_disk(named[0], force=True, progress=report)
+                except NotFound:  # removed or evicted while the scrub ran
+                    entry["state"] = "absent"
                 except CorruptModel as e:
                     self.res.drop_disk_copy(digest, f"verify found it damaged ({e.message})")
                     entry.update(state="damaged", error=e.message)

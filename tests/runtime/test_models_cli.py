@@ -183,3 +183,7 @@ def test_verify_hashes_every_disk_copy_again_and_deletes_a_damaged_one(
     assert refused.returncode == 1 and "--version needs a model NAME" in refused.stderr
     missing = trims_models(sock, "verify", "nothing")
     assert missing.returncode == 1 and "not in the store" in missing.stderr
+    good = json.loads(ok(sock, "--json", "info", "good"))["digest"]
+    for path in (blob.with_name(good), blob.with_name(f"{good}.json")):
+        path.unlink()  # gone behind the daemon's back: reported, not an error
+    assert "not on disk" in ok(sock, "verify", "good")
