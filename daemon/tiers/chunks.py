@@ -22,8 +22,9 @@ A chunk that does not match is not taken on the recorded digests' word alone: th
 hashed whole once more, and only a whole digest that differs fails the check (then
 CorruptModel, and the blob is deleted, as always). So a wrong row in the catalog costs one
 sequential hash, and is replaced, but can never make the daemon delete a good blob. On one CPU
-the chunk hashes would only double the hashing, so a commit or disk check there computes none
-(a first memfd load still does: its re-loads check them at the same cost as the whole hash).
+the chunk hashes would only double the hashing, so only a first memfd load computes them there
+(its re-loads then check them at the same cost as the whole hash); a commit, a disk check or a
+page-cache or GPU load computes none.
 """
 
 from __future__ import annotations
