@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -534,19 +535,12 @@ class Store:
         One entry per layout: ``state`` "ok", "damaged" (with ``error``) or "absent" (not on
         disk: fetched and verified again on its next use). ``progress`` hears stage "verify"
         over the bytes of every layout on disk together."""
-        if name is None:
-            records = self.catalog.all()
-        elif version is not None:
-            records = [self.catalog.get(name, version)]
-        else:
-            records = [r for r in self.catalog.all() if r.name == name]
-            if not records:
-                raise not_found(name, None)
+        records = self.catalog.all() if name is None else self._versions(name, version)
         layouts: dict[str, list[ModelRecord]] = {}
         for r in records:
             layouts.setdefault(r.digest, []).append(r)
         results: list[dict[str, Any]] = []
-        on_disk = [d for d in layouts if self.res.disk.contains(d)]
+        on_disk = {d for d in layouts if self.res.disk.contains(d)}
         total = sum(layouts[d][0].total_bytes for d in on_disk)
         offset = 0
         for digest, named in layouts.items():
@@ -556,7 +550,7 @@ class Store:
                 "bytes": named[0].total_bytes,
                 "state": "ok",
             }
-            if not self.res.disk.contains(digest):
+            if digest not in on_disk:
                 entry["state"] = "absent"
             else:
                 report = None if progress is None else _offset(progress, offset, total)
@@ -572,14 +566,17 @@ class Store:
         self._update_gauges()
         return StoreReply({"verified": results})
 
-    def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> StoreReply:
-        records = (
-            [self.catalog.get(name, version)]
-            if version
-            else [r for r in self.catalog.all() if r.name == name]
-        )
+    def _versions(self, name: str, version: str | None) -> Sequence[ModelRecord]:
+        """The row of ``name``:``version``, or every version of ``name``; NotFound if none."""
+        if version:
+            return [self.catalog.get(name, version)]
+        records = [r for r in self.catalog.all() if r.name == name]
         if not records:
             raise not_found(name, None)
+        return records
+
+    def remove(self, caller: Caller, name: str, version: str | None, force: bool) -> StoreReply:
+        records = self._versions(name, version)
         for r in records:
             leased = sum(self.leases.count(t, r.digest) for t in TIERS)
             if leased and not force:
