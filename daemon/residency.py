@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from trims.config import format_size
@@ -440,20 +441,24 @@ class Residency:
     # bytes hashed per tier.
 
     async def verify_disk(
-        self, record: ModelRecord, *, force: bool = False, progress: Progress | None = None
+        self, record: ModelRecord, *, scrub: bool = False, progress: Progress | None = None
     ) -> None:
         """Check the disk file against its digest before serving it: once, and again whenever
-        its stamp changed since (Note [disk re-verification]), or now with ``force``;
-        ``progress`` hears of a hash this call starts (not one it joins)."""
+        its stamp changed since (Note [disk re-verification]); with ``scrub``, now, reading
+        the device past the page cache (Note [scrub reads the device] in
+        trims.daemon.tiers.disk). ``progress`` hears of a hash this call starts (not one it
+        joins)."""
         stamp = self.disk.stamp(record.digest)
-        if not force and stamp is not None and self._verified.get(record.digest) == stamp:
+        if not scrub and stamp is not None and self._verified.get(record.digest) == stamp:
             return
 
         async def verify() -> None:
             self._verified.pop(record.digest, None)
             self.recall_chunks(record.digest, record.total_bytes)
             try:
-                verified = await asyncio.to_thread(self.disk.verify, record.digest, progress)
+                verified = await asyncio.to_thread(
+                    partial(self.disk.verify, record.digest, progress, direct=scrub)
+                )
             except CorruptModel:
                 self.metrics.damaged.labels("disk").inc()
                 raise
@@ -463,7 +468,7 @@ class Residency:
             self._verified[record.digest] = verified
             self.count_hashed("disk", verified.size)
 
-        await self.single_flight(("verify", record.digest), verify)
+        await self.single_flight(("scrub" if scrub else "verify", record.digest), verify)
 
     async def open_verified(self, record: ModelRecord) -> int:
         """A read-only fd of the verified disk blob (Note [disk re-verification])."""

@@ -556,7 +556,7 @@ class Store:
                 report = None if progress is None else _offset(progress, offset, total)
                 offset += named[0].total_bytes
                 try:
-                    await self.res.verify_disk(named[0], force=True, progress=report)
+                    await self.res.verify_disk(named[0], scrub=True, progress=report)
                 except NotFound:  # removed or evicted while the scrub ran
                     entry["state"] = "absent"
                 except CorruptModel as e:

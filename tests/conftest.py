@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.kube_api",
     "tests.fixtures.gateway",
     "tests.fixtures.cloud",
+    "tests.fixtures.blockdev",
 ]
 
 

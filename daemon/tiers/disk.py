@@ -16,10 +16,25 @@ served again. :meth:`DiskTier.stamp` is what the residency compares to decide th
 blob may have changed since (Note [disk re-verification] in :mod:`trims.daemon.residency`).
 Which blobs may exist at all is the catalog's business (Note [commit protocol] in
 :mod:`trims.daemon.store`). Several models may share one blob when their layouts are identical.
+
+Note [scrub reads the device]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A scrub (``trims models verify``) exists to find damage before a load meets it. A buffered
+read is answered by the page cache wherever the blob is cached, and a served model's blob
+usually is (the CPU tier's page-cache backing keeps it mapped and locked), so a scrub that read
+through the cache would vouch for the cached copy while the device beneath holds rotten
+sectors: the next restart, or the next load after the cache let go, would read those. So a
+scrub opens the blob ``O_DIRECT``: the kernel first writes back any dirty cached pages of the
+range (so a write through a mapping is still seen), then reads the device. Ordinary checks
+(commit, first use, a moved stamp) read through the cache: they check what is about to be
+served. A filesystem without direct I/O (some FUSE and network filesystems) makes the scrub
+read the cache, with a log line saying so. Reading the device costs the page-cache hits a warm
+scrub had; a scrub is rare and already reads every byte.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -68,20 +83,47 @@ def check_file(
     digest: str,
     pool: ChunkDigests | None,
     progress: Progress | None = None,
+    *,
+    direct: bool = False,
 ) -> Checked:
     """Check the first ``size`` bytes of ``source`` (a path, or an open descriptor, read with
     ``pread`` so its offset is left alone) against ``digest``, by its chunk digests on
     ``pool`` when known (Note [chunk digests] in :mod:`trims.daemon.tiers.chunks`), reporting
-    stage "verify". CorruptModel when the file is shorter."""
-    fd = source if isinstance(source, int) else os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    stage "verify". CorruptModel when the file is shorter.
+
+    ``direct`` reads a path's bytes from the device rather than the page cache (Note [scrub
+    reads the device]), where its filesystem allows direct I/O."""
+    if isinstance(source, int):
+        fd = source
+    else:
+        fd = _open_direct(source) if direct else -1
+        direct = fd >= 0
+        if fd < 0:
+            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    pieces = chunks.direct_pieces if direct else chunks.file_pieces
     try:
-        return chunks.check(digest, size, lambda: chunks.file_pieces(fd, size, progress), pool)
+        return chunks.check(digest, size, lambda: pieces(fd, size, progress), pool)
     except EOFError as e:
         name = source.name if isinstance(source, Path) else "the file"
         raise CorruptModel(f"{name} is truncated: {e.args[0]} of {size} bytes missing") from e
     finally:
         if fd is not source:
             os.close(fd)
+
+
+def _open_direct(path: Path) -> int:
+    """``path`` opened for direct I/O; -1 (and a log line) where its filesystem has none."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        log.info(
+            "%s: the filesystem has no direct I/O, so a scrub checks the bytes the page cache "
+            "holds, not the device's",
+            path.parent,
+        )
+        return -1
 
 
 def open_copy(source: Path, digest: str, label: str) -> int:
@@ -248,15 +290,18 @@ class DiskTier:
         except FileNotFoundError:
             return None
 
-    def verify(self, digest: str, progress: Progress | None = None) -> Stamp:
-        """Recompute the blob's sha256 (reporting stage "verify"); return the stamp it was
+    def verify(
+        self, digest: str, progress: Progress | None = None, *, direct: bool = False
+    ) -> Stamp:
+        """Recompute the blob's sha256 (reporting stage "verify"), reading the device past the
+        page cache with ``direct`` (Note [scrub reads the device]); return the stamp it was
         verified under.
 
         A blob that fails (wrong size or digest, unreadable manifest, changed while it was
         hashed) is deleted at once, then CorruptModel is raised: it is never served again.
         """
         try:
-            return self._verify(digest, progress)
+            return self._verify(digest, progress, direct)
         except CorruptModel as e:
             if self.contains(digest) or self.path(digest).exists():
                 self.remove(digest)
@@ -269,7 +314,7 @@ class DiskTier:
                 f"{e.message}; the damaged copy was deleted from the disk tier"
             ) from e
 
-    def _verify(self, digest: str, progress: Progress | None) -> Stamp:
+    def _verify(self, digest: str, progress: Progress | None, direct: bool) -> Stamp:
         manifest = self.manifest(digest)
         blob = self.path(digest)
         try:
@@ -282,7 +327,8 @@ class DiskTier:
                 f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            actual = check_file(blob, before.size, digest, self.pool, progress).actual
+            checked = check_file(blob, before.size, digest, self.pool, progress, direct=direct)
+            actual = checked.actual
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:

@@ -145,3 +145,16 @@ def test_check_file_reads_by_pread_and_names_a_short_file(
         os.close(fd)
     with pytest.raises(CorruptModel, match=r"blob is truncated: 5 of \d+ bytes missing"):
         check_file(path, len(DATA) + 5, DIGEST, pool)
+
+
+@pytest.mark.parametrize("extra", [5, CHUNK + 5])
+def test_a_direct_check_reads_the_device_and_names_a_short_file(
+    tmp_path: Path, pool: ChunkDigests, extra: int
+) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(DATA)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    assert check_file(path, len(DATA), DIGEST, pool, direct=True).actual == DIGEST
+    with pytest.raises(CorruptModel, match=rf"blob is truncated: {extra} of \d+ bytes missing"):
+        check_file(path, len(DATA) + extra, DIGEST, pool, direct=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import stat
 from pathlib import Path
@@ -9,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fixtures.blockdev import LoopExt4
 from trims.daemon.formats.writer import LayoutWriter
+from trims.daemon.tiers.chunks import CHUNK
 from trims.daemon.tiers.disk import DiskTier
 from trims.errors import CorruptModel, NotFound, ResourceExhausted
 from trims.layout import Manifest, TensorSpec
@@ -166,3 +170,65 @@ def test_restart_keeps_blobs_and_cleans_leftovers(tmp_path: Path) -> None:
     ]
     again.verify(manifest.digest)
     assert again.cleanup_temps() == 0
+
+
+def _committed(disk: DiskTier, n: int) -> Manifest:
+    temp = disk.new_temp()
+    manifest = _layout(temp, 2, n)
+    disk.commit(temp, manifest)
+    return manifest
+
+
+#: float32 count of a blob over two chunks, the last one short
+TWO_CHUNKS = (CHUNK + 5000) // 4
+
+
+@pytest.mark.parametrize("damage", [None, "flip"])
+def test_a_direct_verify_reads_every_chunk_and_sees_unwritten_changes(
+    tmp_path: Path, damage: str | None
+) -> None:
+    disk = DiskTier(tmp_path / "disk", budget=64 << 20)
+    manifest = _committed(disk, TWO_CHUNKS)
+    assert manifest.total_bytes > CHUNK
+    blob = disk.path(manifest.digest)
+    if damage is None:
+        assert disk.verify(manifest.digest, direct=True) == disk.stamp(manifest.digest)
+        return
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:  # left dirty in the page cache: written back before the read
+        f.seek(CHUNK + 10)
+        f.write(b"\x01")
+    with pytest.raises(CorruptModel, match=r"damaged.*deleted from the disk tier"):
+        disk.verify(manifest.digest, direct=True)
+    assert not disk.contains(manifest.digest)
+
+
+def test_a_direct_verify_reads_the_cache_where_the_filesystem_has_no_direct_io(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tmpfs takes O_DIRECT since Linux 6.6; some FUSE and network filesystems refuse it
+    disk = DiskTier(tmp_path / "disk", budget=64 << 20)
+    manifest = _committed(disk, TWO_CHUNKS)
+    real_open = os.open
+
+    def no_direct_io(path: str | Path, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct_io)
+    with caplog.at_level(logging.INFO, logger="trims.daemon.tiers.disk"):
+        assert disk.verify(manifest.digest, direct=True) == disk.stamp(manifest.digest)
+    assert "has no direct I/O" in caplog.text
+
+
+def test_a_direct_verify_finds_rot_the_page_cache_hides(loop_ext4: LoopExt4) -> None:
+    disk = DiskTier(loop_ext4.mount / "disk", budget=32 << 20)
+    manifest = _committed(disk, TWO_CHUNKS)
+    blob = disk.path(manifest.digest)
+    disk.verify(manifest.digest)  # the whole blob is in the page cache now
+    loop_ext4.rot(blob, CHUNK + 100)
+    disk.verify(manifest.digest)  # a read through the cache still sees the good bytes
+    with pytest.raises(CorruptModel, match=r"damaged.*deleted from the disk tier"):
+        disk.verify(manifest.digest, direct=True)
+    assert not disk.contains(manifest.digest) and not blob.exists()
