@@ -55,6 +55,15 @@ def _check_shape(doc: dict[str, Any], systems: set[str]) -> None:
         assert (r["warm_idle_ms"] is not None) == idled == (r["idle_ms"] is not None)
         if idled:
             assert r["warm_idle_ms"] > 0 and r["idle_ms"] > 0
+        started = r["system"] == "trims"
+        assert (
+            (r["first_request_ms"] is not None) == started == (r["instance_start_ms"] is not None)
+        )
+        if started:
+            assert 0 < r["first_request_ms"] < r["first_response_ms"]
+            assert r["first_request_ratio"] > 0
+        else:
+            assert r["first_request_ratio"] is None
     if "mlserver" in systems:
         assert {r["case"] for r in cold if r["system"] == "mlserver"} == {"load", "process_start"}
     assert {r["system"] for r in doc["memory"]} == systems
