@@ -21,7 +21,10 @@ disk tier in a temporary folder, with its page cache warm, for each backing:
 
 It also times the disk tier's commit of the same layout (``disk`` / ``commit``: the hash of a
 new blob before it is placed), whole only (``pool=None``) and with chunk digests computed
-beside (``commit+chunks``, the daemon's default where a core is free).
+beside (``commit+chunks``, the daemon's default where a core is free), and two checks of the
+committed blob against its chunk digests: ``verify`` reads it through the page cache (a check
+after its stamp moved), ``scrub`` from the device (``O_DIRECT``, as ``trims models verify``
+does: Note [scrub reads the device] in trims.daemon.tiers.disk).
 
 Runs alternate the backings; each run is one of each load. JSON: ``{"results": [{"backing",
 "load", "ms", "min_ms", "max_ms", "hashed_mib", "vs_first", "runs"}], "mb", "machine",
@@ -75,6 +78,7 @@ def commit_layout(disk: DiskTier, mb: int) -> Manifest:
 
 LOADS = ("first", "again", "restart")
 COMMITS = ("commit", "commit+chunks")
+CHECKS = ("verify", "scrub")
 
 
 def one_run(backing: str, path: Path, manifest: Manifest) -> dict[str, tuple[float, int]]:
@@ -104,8 +108,10 @@ def one_run(backing: str, path: Path, manifest: Manifest) -> dict[str, tuple[flo
 
 
 def commit_run(disk: DiskTier, path: Path, manifest: Manifest) -> dict[str, tuple[float, int]]:
-    """{"commit" | "commit+chunks": (seconds, bytes hashed)}: a copy of the blob committed
-    again (hashed, then found already on disk), without and with chunk digests beside."""
+    """{"commit" | "commit+chunks" | "verify" | "scrub": (seconds, bytes hashed)}: a copy of
+    the blob committed again (hashed, then found already on disk), without and with chunk
+    digests beside; then the blob checked against those digests through the page cache, as a
+    moved stamp is, and from the device, as ``trims models verify`` does."""
     out: dict[str, tuple[float, int]] = {}
     for name in COMMITS:
         pool = ChunkDigests() if name == "commit+chunks" else None
@@ -116,7 +122,13 @@ def commit_run(disk: DiskTier, path: Path, manifest: Manifest) -> dict[str, tupl
             t0 = time.perf_counter()
             tier.commit(temp, manifest)
             out[name] = (time.perf_counter() - t0, manifest.total_bytes)
-            assert pool is None or pool.get(manifest.digest) is not None
+            if pool is None:
+                continue
+            assert pool.get(manifest.digest) is not None
+            for check in CHECKS:
+                t0 = time.perf_counter()
+                tier.verify(manifest.digest, direct=check == "scrub")
+                out[check] = (time.perf_counter() - t0, manifest.total_bytes)
         finally:
             if pool is not None:
                 pool.close()
@@ -137,7 +149,7 @@ def measure(mb: int, runs: int) -> tuple[int, list[dict[str, Any]]]:
             for load, result in commit_run(disk, path, manifest).items():
                 times.setdefault(("disk", load), []).append(result)
     results = []
-    for backing, loads in (*((b, LOADS) for b in BACKINGS), ("disk", COMMITS)):
+    for backing, loads in (*((b, LOADS) for b in BACKINGS), ("disk", COMMITS + CHECKS)):
         first = statistics.median(t for t, _ in times[(backing, loads[0])])
         for load in loads:
             results.append(_row(backing, load, times[(backing, load)], first))

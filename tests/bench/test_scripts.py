@@ -72,7 +72,8 @@ def test_tier_loads(tmp_path: Path) -> None:
     assert doc["quick"] is True and doc["mb"] == 64
     rows = {(r["backing"], r["load"]): r for r in doc["results"]}
     loads = {(b, load) for b in ("memfd", "file") for load in ("first", "again", "restart")}
-    assert set(rows) == loads | {("disk", "commit"), ("disk", "commit+chunks")}
+    disk = {("disk", op) for op in ("commit", "commit+chunks", "verify", "scrub")}
+    assert set(rows) == loads | disk
     for r in rows.values():
         assert r["ms"] > 0 and r["runs"] == 1 and r["min_ms"] <= r["ms"] <= r["max_ms"]
     # a memfd copy is hashed every time (by chunks after the first); an unchanged file is not,
@@ -80,7 +81,8 @@ def test_tier_loads(tmp_path: Path) -> None:
     hashed = {key: r["hashed_mib"] for key, r in rows.items()}
     assert hashed == {("memfd", "first"): 64, ("memfd", "again"): 64, ("memfd", "restart"): 64,
                       ("file", "first"): 64, ("file", "again"): 0, ("file", "restart"): 64,
-                      ("disk", "commit"): 64, ("disk", "commit+chunks"): 64}  # fmt: skip
+                      ("disk", "commit"): 64, ("disk", "commit+chunks"): 64,
+                      ("disk", "verify"): 64, ("disk", "scrub"): 64}  # fmt: skip
     assert rows[("memfd", "first")]["vs_first"] == rows[("disk", "commit")]["vs_first"] == 1.0
 
 
