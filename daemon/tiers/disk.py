@@ -118,12 +118,18 @@ def _open_direct(path: Path) -> int:
     except OSError as e:
         if e.errno != errno.EINVAL:
             raise
-        log.info(
-            "%s: the filesystem has no direct I/O, so a scrub checks the bytes the page cache "
-            "holds, not the device's",
-            path.parent,
-        )
+        if path.parent not in _NO_DIRECT_IO:  # said once per folder, not once per blob
+            _NO_DIRECT_IO.add(path.parent)
+            log.info(
+                "%s: the filesystem has no direct I/O, so a scrub checks the bytes the page "
+                "cache holds, not the device's",
+                path.parent,
+            )
         return -1
+
+
+#: folders whose filesystem refused O_DIRECT (:func:`_open_direct` has logged it)
+_NO_DIRECT_IO: set[Path] = set()
 
 
 def open_copy(source: Path, digest: str, label: str) -> int:
