@@ -86,6 +86,29 @@ def test_tier_loads(tmp_path: Path) -> None:
     assert rows[("memfd", "first")]["vs_first"] == rows[("disk", "commit")]["vs_first"] == 1.0
 
 
+@pytest.mark.parametrize("pool", ["auto", "0"])
+def test_backings(tmp_path: Path, pool: str) -> None:
+    before = _hugepages()
+    doc = _run("backings.py", tmp_path / "b.json", "--quick", "--runs", "1", "--mb", "8",
+               "--hugetlb-pool", pool)  # fmt: skip
+    assert _hugepages() == before, "the hugetlb pool was not put back"
+    rows = {r["backing"]: r for r in doc["results"]}
+    assert {"memfd", "file"} <= set(rows) <= {"memfd", "file", "hugetlb"}
+    for r in rows.values():
+        assert r["runs"] == 1 and r["first_ms"] > 0 and r["again_ms"] > 0 and r["faults"] > 0
+    assert rows["memfd"]["reserved_mib"] == rows["file"]["reserved_mib"] == 0
+    if "hugetlb" in rows:  # a private mapping reserves a whole copy's worth of the pool
+        assert rows["hugetlb"]["reserved_mib"] == 8 and rows["hugetlb"]["mapping"] == "private"
+        assert rows["hugetlb"]["faults"] < rows["memfd"]["faults"]
+    else:
+        assert any("hugetlb skipped" in n for n in doc["notes"])
+
+
+def _hugepages() -> str:
+    path = Path("/proc/sys/vm/nr_hugepages")
+    return path.read_text() if path.exists() else ""
+
+
 @pytest.mark.slow
 def test_density(tmp_path: Path) -> None:
     doc = _run("density.py", tmp_path / "d.json", "--model-mb", "2", "--instances", "2",
