@@ -47,7 +47,7 @@ from trims.tables import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import machine, write_outputs
+from runtime_common import check_size_run_options, machine, size_run_options, write_outputs
 
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 HUGE = 2 << 20
@@ -261,22 +261,15 @@ def main() -> int:
         print(json.dumps(child(int(sys.argv[2]), int(sys.argv[3]))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mb", type=int, default=512, help="model size (whole 2 MiB pages)")
-    parser.add_argument("--runs", type=int, default=5)
+    size_run_options(parser, "model size (whole 2 MiB pages)")
     parser.add_argument(
         "--hugetlb-pool",
         choices=("auto", "0"),
         default="auto",
         help="auto: as root, grow vm.nr_hugepages for the run and put it back; 0: use what is free",
     )
-    parser.add_argument("--quick", action="store_true", help="64 MiB, 2 runs: checks it works")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    if args.runs < 1 or args.mb < 2:
-        parser.error("--runs must be at least 1 and --mb at least 2")
-    if args.quick:
-        args.mb, args.runs = min(args.mb, 64), min(args.runs, 2)
+    check_size_run_options(parser, args, min_mb=2)
     where = machine()
     results, notes = measure(args.mb, args.runs, args.hugetlb_pool == "auto")
     doc = {

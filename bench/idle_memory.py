@@ -31,7 +31,7 @@ from trims.tables import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import machine, write_outputs
+from runtime_common import check_size_run_options, machine, size_run_options, write_outputs
 
 #: the weights' layers: [WIDTH, WIDTH] float32 (64 MiB each at 4096)
 WIDTH = 4096
@@ -144,23 +144,16 @@ def render(doc: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--mb", type=int, default=512, help="size of the weights, in whole 64 MiB layers"
-    )
+    size_run_options(parser, "size of the weights, in whole 64 MiB layers")
     parser.add_argument("--idle", default="0,0.25,0.5,1,2", help="seconds, comma-separated")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="64 MiB, 2 runs: checks it works")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     try:
         idles = [float(v) for v in args.idle.split(",") if v.strip()]
     except ValueError:
         parser.error(f"--idle takes seconds separated by commas, not {args.idle!r}")
-    if not idles or min(idles) < 0 or args.runs < 1 or args.mb < 1:
-        parser.error("--idle needs seconds >= 0; --runs and --mb must be at least 1")
-    if args.quick:
-        args.mb, args.runs = min(args.mb, 64), min(args.runs, 2)
+    if not idles or min(idles) < 0:
+        parser.error("--idle needs seconds >= 0")
+    check_size_run_options(parser, args)
     layer_mb = WIDTH * WIDTH * 4 >> 20
     args.mb = max(1, args.mb // layer_mb) * layer_mb  # what Weights holds
     where = machine()

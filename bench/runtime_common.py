@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -319,3 +320,23 @@ async def open_loop(
     out["rate"] = out["offered_rps"] = rate
     out["send_lag_p99_ms"] = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1e3 if lags else None
     return out
+
+
+def size_run_options(parser: argparse.ArgumentParser, mb_help: str) -> None:
+    """The options of a benchmark over one model size: ``--mb`` (default 512), ``--runs``
+    (default 5), ``--quick`` (64 MiB, 2 runs, labelled), ``--json``, ``--markdown``."""
+    parser.add_argument("--mb", type=int, default=512, help=mb_help)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 2 runs: checks it works")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+
+
+def check_size_run_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, min_mb: int = 1
+) -> None:
+    """Refuse a ``--runs`` below 1 or an ``--mb`` below ``min_mb``; apply ``--quick``."""
+    if args.runs < 1 or args.mb < min_mb:
+        parser.error(f"--runs must be at least 1 and --mb at least {min_mb}")
+    if args.quick:
+        args.mb, args.runs = min(args.mb, 64), min(args.runs, 2)

@@ -52,7 +52,7 @@ from trims.tables import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime_common import machine, write_outputs
+from runtime_common import check_size_run_options, machine, size_run_options, write_outputs
 
 #: bytes of each tensor of the layout (64 MiB)
 TENSOR = 64 << 20
@@ -192,16 +192,9 @@ def render(doc: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mb", type=int, default=512, help="layout size, in whole 64 MiB")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="64 MiB, 2 runs: checks it works")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
+    size_run_options(parser, "layout size, in whole 64 MiB")
     args = parser.parse_args()
-    if args.runs < 1 or args.mb < 1:
-        parser.error("--runs and --mb must be at least 1")
-    if args.quick:
-        args.mb, args.runs = min(args.mb, 64), min(args.runs, 2)
+    check_size_run_options(parser, args)
     where = machine()
     mb, results = measure(args.mb, args.runs)
     doc = {"results": results, "mb": mb, "machine": where, "quick": args.quick}
