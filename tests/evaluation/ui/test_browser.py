@@ -16,6 +16,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 from urllib.request import Request, urlopen
 
 import pytest
@@ -135,12 +136,15 @@ def visit(driver: Any, url: str, shot: Path) -> None:
 
 
 def until(driver: Any, url_part: str, *, end: bool = False) -> None:
-    """Wait for the navigation a click started to reach a URL containing (or, with ``end``,
-    ending with) ``url_part``, and for that page to finish loading."""
+    """Wait for the navigation a click started to reach a URL containing ``url_part`` (with
+    ``end``: whose path ends with it; the page a form is on may carry it in its query, as
+    ``/ui/login?next=/ui/run`` does), and for that page to finish loading."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, 30).until(
-        lambda d: d.current_url.endswith(url_part) if end else url_part in d.current_url
+        lambda d: (
+            urlsplit(d.current_url).path.endswith(url_part) if end else url_part in d.current_url
+        )
     )
     WebDriverWait(driver, 30).until(
         lambda d: d.execute_script("return document.readyState") == "complete"
