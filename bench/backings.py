@@ -43,13 +43,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from trims.daemon.tiers.memfd import SEALS
 from trims.tables import markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime_common import check_size_run_options, machine, size_run_options, write_outputs
 
-SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 HUGE = 2 << 20
 BACKINGS = ("memfd", "file", "hugetlb")
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")

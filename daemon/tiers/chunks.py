@@ -234,38 +234,36 @@ def view_pieces(view: memoryview, size: int) -> Iterator[memoryview]:
 
 
 def file_pieces(
-    fd: int, size: int, progress: Progress | None = None, stage: str = "verify"
+    fd: int,
+    size: int,
+    progress: Progress | None = None,
+    stage: str = "verify",
+    *,
+    direct: bool = False,
 ) -> Iterator[bytes]:
     """The first ``size`` bytes of ``fd`` (by ``pread``, its offset left alone) in
-    :data:`CHUNK` pieces, reporting ``stage``; EOFError when the file is shorter."""
-    done = 0
-    while done < size:
-        piece = os.pread(fd, min(CHUNK, size - done), done)
-        if not piece:
-            raise EOFError(size - done)
-        done += len(piece)
-        yield piece
-        if progress is not None:
-            progress(stage, done, size)
+    :data:`CHUNK` pieces, reporting ``stage``; EOFError when the file is shorter.
 
-
-def direct_pieces(
-    fd: int, size: int, progress: Progress | None = None, stage: str = "verify"
-) -> Iterator[bytes]:
-    """As :func:`file_pieces`, for ``fd`` opened ``O_DIRECT``: each read goes to the device
-    past the page cache (the kernel writes dirty cached pages back first), into a page-aligned
-    buffer at chunk-aligned offsets, as direct I/O requires."""
-    buf = mmap.mmap(-1, CHUNK)
+    With ``direct`` (``fd`` opened ``O_DIRECT``) each read goes to the device past the page
+    cache (the kernel writes dirty cached pages back first), a whole chunk into a page-aligned
+    buffer at a chunk-aligned offset, as direct I/O requires."""
+    buf = mmap.mmap(-1, CHUNK) if direct else None
     try:
         done = 0
         while done < size:
-            got = os.preadv(fd, [buf], done)
-            if got < CHUNK and done + got < size:
-                raise EOFError(size - done - got)
-            got = min(got, size - done)
-            done += got
-            yield buf[:got]
+            want = min(CHUNK, size - done)
+            if buf is None:
+                piece = os.pread(fd, want, done)
+            else:  # a short read ends the file: the next offset would not be aligned
+                piece = buf[: min(os.preadv(fd, [buf], done), want)]
+                if len(piece) < want:
+                    raise EOFError(size - done - len(piece))
+            if not piece:
+                raise EOFError(size - done)
+            done += len(piece)
+            yield piece
             if progress is not None:
                 progress(stage, done, size)
     finally:
-        buf.close()
+        if buf is not None:
+            buf.close()

@@ -97,12 +97,13 @@ def check_file(
         fd = source
     else:
         fd = _open_direct(source) if direct else -1
-        direct = fd >= 0
         if fd < 0:
+            direct = False
             fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-    pieces = chunks.direct_pieces if direct else chunks.file_pieces
     try:
-        return chunks.check(digest, size, lambda: pieces(fd, size, progress), pool)
+        return chunks.check(
+            digest, size, lambda: chunks.file_pieces(fd, size, progress, direct=direct), pool
+        )
     except EOFError as e:
         name = source.name if isinstance(source, Path) else "the file"
         raise CorruptModel(f"{name} is truncated: {e.args[0]} of {size} bytes missing") from e
@@ -333,8 +334,9 @@ class DiskTier:
                 f"of {manifest.total_bytes}; remove the model and add it again"
             )
         try:
-            checked = check_file(blob, before.size, digest, self.pool, progress, direct=direct)
-            actual = checked.actual
+            actual = check_file(
+                blob, before.size, digest, self.pool, progress, direct=direct
+            ).actual
         except CorruptModel as e:
             raise CorruptModel(f"layout {digest} of {manifest.name}: {e}") from e
         if actual != digest:
