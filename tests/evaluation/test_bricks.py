@@ -406,12 +406,43 @@ def test_a_residual_stack_cut_into_bricks_converts_at_every_boundary() -> None:
     assert trips == {"reorder:1x32x16x16": 4.0}
 
 
-def test_conversions_inside_shufflenets_bricks_are_the_models_own() -> None:
-    # ShuffleNet's units convert around their depthwise convolution, on tensors of the unit's
-    # own input and output shape: read as conversions at the bricks' ends, they took 6% off
-    # its estimate. The whole model makes every one of them too.
+def _boundary_shapes(m: ir.ModelIR, parts: list[bricks.Brick]) -> Counter[str]:
+    """How many brick boundaries carry an activation of each shape (reorder_key)."""
+    return Counter(
+        bricks.reorder_key(tuple(m.layers[b.indices[-1]].output_shapes[0])) for b in parts[:-1]
+    )
+
+
+def test_shufflenets_bricks_convert_only_at_their_boundaries() -> None:
+    # Which layers ONNX Runtime keeps in its blocked layout depends on the CPU (the block width
+    # follows the vector unit: an AVX-512 machine kept ShuffleNet's stem blocked where an AVX2
+    # one did not), so the extra round trips are not one fixed table. What holds on every CPU:
+    # a brick cut can add at most one round trip where it cuts, on the activation it cuts;
+    # the conversions ShuffleNet's units make around their depthwise convolution are the
+    # model's own and never appear. Were they read as the bricks' (6% off the estimate once),
+    # some would sit on shapes no cut carries (1x272x7x7, 1x112x56x56 on this kind of CPU).
     shufflenet = ir.model_ir(zoo.materialize("shufflenet"), "shufflenet")
-    assert _profiled_round_trips("shufflenet", shufflenet, 1) == {}
+    parts = bricks.decompose(shufflenet, 1)
+    boundaries = _boundary_shapes(shufflenet, parts)
+    trips = _profiled_round_trips("shufflenet", shufflenet, 1)
+    for key, n in trips.items():
+        assert 0 < n <= boundaries[key], (key, n, boundaries)
+
+
+def test_conversions_a_brick_shares_with_the_whole_model_cancel() -> None:
+    # ShuffleNet's units, as profiled: each brick converts in and out around its depthwise
+    # convolution on its own input/output shape, and so does the whole model, once per unit.
+    m = _ir(graphs.residual(blocks=1), "res")
+    parts = bricks.decompose(m, 1)  # stem, block, head: three distinct bricks
+    assert len({b.signature for b in parts}) == len(parts) == 3
+    unit = Counter({("ReorderInput", (1, 8, 4, 4)): 1, ("ReorderOutput", (1, 8, 4, 4)): 1})
+    found: dict[str, Counter[tuple[str, tuple[int, ...]]]] = {b.signature: unit for b in parts}
+    found[bricks.whole_key("res")] = Counter({k: n * len(parts) for k, n in unit.items()})
+    assert bricks.extra_conversions(parts, found) == {}
+    # ... and a boundary the model keeps blocked, converted out and back in, is one round trip
+    found[parts[0].signature] = unit + Counter({("ReorderOutput", (1, 8, 2, 2)): 1})
+    found[parts[1].signature] = unit + Counter({("ReorderInput", (1, 8, 2, 2)): 1})
+    assert bricks.extra_conversions(parts, found) == {"reorder:1x8x2x2": 1.0}
 
 
 def test_the_conversion_benchmark_gives_back_its_input() -> None:
