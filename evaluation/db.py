@@ -61,6 +61,7 @@ __all__ = [
     "ResultsDB",
     "TraceInfo",
     "TraceRecord",
+    "UnreadableEvaluation",
     "cpu_model",
     "system_id",
 ]
@@ -211,6 +212,22 @@ class EvaluationRecord:
         return body
 
 
+class UnreadableEvaluation(ValidationError):
+    """A stored evaluation row that makes no :class:`EvaluationRecord`: written by another
+    tool or by hand (SQLite keeps whatever a writer puts in a column, text where a number
+    belongs too). ``row_id`` is its id."""
+
+    code = "unreadable_evaluation"
+
+    def __init__(self, row_id: int, reason: str, where: str) -> None:
+        super().__init__(
+            f"evaluation {row_id} in {where} could not be read ({reason}); it was not written "
+            "by trims evaluate: delete the row or fix it",
+            row_id=row_id,
+        )
+        self.row_id = row_id
+
+
 @dataclass(frozen=True)
 class EvaluationFilter:
     """Which evaluations to list; None matches everything. ``system`` is a system_id prefix,
@@ -328,6 +345,24 @@ def _make_parent(path: str) -> None:
 
 #: The results table's columns that hold a :class:`Measurement`, by its field names.
 _MEASUREMENT_FIELDS = ("trimmed_mean_ms", "median_ms", "spread_ms", "min_ms", "reps", "elapsed_s")
+
+
+#: a column's Python type, as an error message names it
+_KINDS = {bool: "a boolean", int: "a whole number", float: "a number", str: "text"}
+
+
+def _holds(kind: type, value: object) -> bool:
+    """Whether a column of Python type ``kind`` may hold ``value`` as read: SQLite keeps what a
+    writer puts in a column, whatever its declared type."""
+    if value is None:
+        return True
+    if kind is bool:
+        return value in (0, 1)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
 
 
 def _measurement(row: Any) -> Measurement:
@@ -694,9 +729,28 @@ class ResultsDB:
             "dirty": record.dirty,
         }
 
-    @staticmethod
-    def _evaluation_record(row: Any) -> EvaluationRecord:
+    def _evaluation_record(self, row: Any) -> EvaluationRecord:
+        """The record of ``row``; UnreadableEvaluation when the row holds what no record can."""
         m = row._mapping
+        try:
+            for column in self._evaluations.columns:
+                kind = column.type.python_type
+                if not _holds(kind, m[column.name]):
+                    raise ValidationError(
+                        f"{column.name} holds {m[column.name]!r}, not {_KINDS[kind]}"
+                    )
+            record = self._evaluation_fields(m)
+            if not isinstance(record.system, dict) or not isinstance(
+                record.evaluation.settings, dict
+            ):
+                raise ValidationError("system and settings must each hold a JSON object")
+            return record
+        except (TrimsError, ValueError, TypeError) as e:
+            message = e.message if isinstance(e, TrimsError) else str(e)
+            raise UnreadableEvaluation(m["id"], message, self._display) from e
+
+    @staticmethod
+    def _evaluation_fields(m: Any) -> EvaluationRecord:
         latency = (
             None
             if m["latency_p50_ms"] is None
@@ -795,8 +849,7 @@ class ResultsDB:
                 traces_added += 1
         return added, skipped, traces_added, traces_skipped
 
-    def evaluations(self, where: EvaluationFilter | None = None) -> list[EvaluationRecord]:
-        """Stored evaluations matching ``where``, oldest first."""
+    def _evaluation_rows(self, where: EvaluationFilter | None) -> list[Any]:
         import sqlalchemy as sa
 
         if self.version < 3:
@@ -817,7 +870,26 @@ class ResultsDB:
             if where.since is not None:
                 query = query.where(c.created_at >= where.since)
         with _translated(self._display), self._engine.connect() as conn:
-            return [self._evaluation_record(row) for row in conn.execute(query)]
+            return list(conn.execute(query))
+
+    def evaluations(self, where: EvaluationFilter | None = None) -> list[EvaluationRecord]:
+        """Stored evaluations matching ``where``, oldest first; UnreadableEvaluation when one
+        of them is (:meth:`readable_evaluations` leaves such rows out instead)."""
+        return [self._evaluation_record(row) for row in self._evaluation_rows(where)]
+
+    def readable_evaluations(
+        self, where: EvaluationFilter | None = None
+    ) -> tuple[list[EvaluationRecord], list[UnreadableEvaluation]]:
+        """Stored evaluations matching ``where``, oldest first, without the rows that do not
+        read, which come second: one bad row must not hide the others."""
+        records: list[EvaluationRecord] = []
+        unreadable: list[UnreadableEvaluation] = []
+        for row in self._evaluation_rows(where):
+            try:
+                records.append(self._evaluation_record(row))
+            except UnreadableEvaluation as e:
+                unreadable.append(e)
+        return records, unreadable
 
     def get_evaluation(self, ref: int | str) -> EvaluationRecord:
         """The evaluation with this id (int) or run id prefix (str, at least 4 characters).

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from trims.errors import NotFound
-from trims.evaluation.db import ResultsDB
+from trims.evaluation.db import ResultsDB, UnreadableEvaluation
 
 __all__ = ["DatabaseMissing", "Results"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -29,6 +32,7 @@ class Results:
         self.url = url
         self._db: ResultsDB | None = None
         self._lock = threading.Lock()
+        self._logged: set[int] = set()
 
     def _open(self) -> ResultsDB:
         with self._lock:
@@ -49,6 +53,15 @@ class Results:
             return read(self._open())
 
         return await asyncio.to_thread(run)
+
+    def flag(self, unreadable: Sequence[UnreadableEvaluation]) -> list[UnreadableEvaluation]:
+        """The rows a page leaves out, each logged the first time a page meets it (every page
+        view shows them; the log says it once)."""
+        for e in unreadable:
+            if e.row_id not in self._logged:
+                self._logged.add(e.row_id)
+                log.warning("%s; the web UI leaves it out of its pages", e.message)
+        return list(unreadable)
 
     def close(self) -> None:
         with self._lock:

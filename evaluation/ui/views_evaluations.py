@@ -9,7 +9,12 @@ from typing import Any
 from aiohttp import web
 
 from trims.errors import ValidationError
-from trims.evaluation.db import EvaluationFilter, EvaluationRecord, ResultsDB
+from trims.evaluation.db import (
+    EvaluationFilter,
+    EvaluationRecord,
+    ResultsDB,
+    UnreadableEvaluation,
+)
 from trims.evaluation.ui import charts
 from trims.evaluation.ui.data import DatabaseMissing
 from trims.evaluation.ui.render import render
@@ -59,14 +64,20 @@ async def evaluations(request: web.Request) -> web.Response:
         since=_since(chosen["since"]),
     )
 
-    def read(db: ResultsDB) -> tuple[list[EvaluationRecord], list[EvaluationRecord]]:
-        return db.evaluations(where), db.evaluations()
+    Read = tuple[list[EvaluationRecord], list[EvaluationRecord], list[UnreadableEvaluation]]
 
+    def read(db: ResultsDB) -> Read:
+        rows, _ = db.readable_evaluations(where)
+        every, unreadable = db.readable_evaluations()
+        return rows, every, unreadable
+
+    results = state_of(request).results
     db_error = ""
     rows: list[EvaluationRecord] = []
     every: list[EvaluationRecord] = []
+    unreadable: list[UnreadableEvaluation] = []
     try:
-        rows, every = await state_of(request).results.call(read)
+        rows, every, unreadable = await results.call(read)
     except DatabaseMissing as e:
         db_error = e.message
     return render(
@@ -77,6 +88,7 @@ async def evaluations(request: web.Request) -> web.Response:
         choices=_choices(every),
         chosen=chosen,
         db_error=db_error,
+        unreadable=results.flag(unreadable),
     )
 
 
@@ -86,16 +98,31 @@ def _ref(raw: str) -> int | str:
     return int(raw) if raw.isdigit() and len(raw) < 8 else raw
 
 
-async def _load(request: web.Request, refs: Sequence[str]) -> list[EvaluationRecord]:
-    def read(db: ResultsDB) -> list[EvaluationRecord]:
-        return [db.get_evaluation(_ref(r)) for r in refs]
+async def _load(
+    request: web.Request, refs: Sequence[str]
+) -> tuple[list[EvaluationRecord], list[UnreadableEvaluation]]:
+    """The evaluations ``refs`` name, and apart those whose rows do not read."""
 
-    return await state_of(request).results.call(read)
+    def read(db: ResultsDB) -> tuple[list[EvaluationRecord], list[UnreadableEvaluation]]:
+        records, unreadable = [], []
+        for ref in refs:
+            try:
+                records.append(db.get_evaluation(_ref(ref)))
+            except UnreadableEvaluation as e:
+                unreadable.append(e)
+        return records, unreadable
+
+    results = state_of(request).results
+    records, unreadable = await results.call(read)
+    return records, results.flag(unreadable)
 
 
 async def evaluation(request: web.Request) -> web.Response:
     await require_read(request)
-    (record,) = await _load(request, [request.match_info["ref"]])
+    records, unreadable = await _load(request, [request.match_info["ref"]])
+    if unreadable:
+        raise unreadable[0]
+    (record,) = records
     e = record.evaluation
     chart = ""
     if e.latency is not None:
@@ -173,7 +200,7 @@ async def compare(request: web.Request) -> web.Response:
         )
     if len(refs) > MAX_COMPARED:
         raise ValidationError(f"compare at most {MAX_COMPARED} evaluations at once")
-    records = await _load(request, refs)
+    records, unreadable = await _load(request, refs)
     models = sorted({r.evaluation.manifest_name for r in records})
     scenarios = sorted({r.evaluation.scenario for r in records})
     grid: dict[tuple[str, str], EvaluationRecord] = {}
@@ -196,4 +223,5 @@ async def compare(request: web.Request) -> web.Response:
         charts=_comparison_charts(records),
         scenarios=scenarios,
         table=table,
+        unreadable=unreadable,
     )

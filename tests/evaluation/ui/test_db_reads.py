@@ -1,11 +1,15 @@
-"""The results database's read methods the UI added: trace_infos and layer_results."""
+"""The results database's read methods the UI added: trace_infos, layer_results and
+readable_evaluations."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+import pytest
+
 from tests.evaluation.ui.seed import SYSTEM, TRACE_ID, Seeded, seed
-from trims.evaluation.db import ResultsDB, TraceRecord
+from trims.evaluation.db import ResultsDB, TraceRecord, UnreadableEvaluation
 
 
 def test_trace_infos_are_the_newest_first_without_spans(tmp_path: Path) -> None:
@@ -44,5 +48,35 @@ def test_an_empty_database_has_no_traces_or_layer_results(tmp_path: Path) -> Non
     db = ResultsDB(str(tmp_path / "empty.sqlite"))
     try:
         assert db.trace_infos() == [] and db.layer_results() == []
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("qps", "fast", "qps holds 'fast', not a number"),
+        ("batch", "x", "batch holds 'x', not a whole number"),
+        ("settings", "{not json", "Expecting property name"),
+        ("system", "[1]", "must each hold a JSON object"),
+        ("accuracy_value", 76.1, "accuracy is a fraction"),
+    ],
+)
+def test_a_row_written_past_the_api_is_left_out_and_named(
+    tmp_path: Path, column: str, value: object, why: str
+) -> None:
+    seeded = seed(tmp_path / "r.sqlite")
+    with sqlite3.connect(seeded.path) as con:
+        con.execute(f"UPDATE evaluations SET {column} = ? WHERE id = ?", (value, seeded.ids[1]))
+    db = ResultsDB(str(seeded.path), readonly=True)
+    try:
+        records, unreadable = db.readable_evaluations()
+        assert [r.id for r in records] == [seeded.ids[0], seeded.ids[2]]
+        (bad,) = unreadable
+        assert bad.row_id == seeded.ids[1] and why in bad.message
+        with pytest.raises(UnreadableEvaluation):
+            db.evaluations()
+        with pytest.raises(UnreadableEvaluation):
+            db.get_evaluation(seeded.ids[1])
     finally:
         db.close()
