@@ -30,6 +30,7 @@ from trims.evaluation.ui import (
 from trims.evaluation.ui.api import GatewayAPI
 from trims.evaluation.ui.config import UIConfig
 from trims.evaluation.ui.data import Results
+from trims.evaluation.ui.logins import LoginLimiter
 from trims.evaluation.ui.sessions import SESSION, Sessions
 from trims.evaluation.ui.state import STATE, UIState
 
@@ -93,6 +94,7 @@ def create_ui_app(config: UIConfig) -> web.Application:
         results=Results(config.results_db or default_db_url(os.environ)),
         api=GatewayAPI(config.api_url),
         sessions=Sessions(capacity=config.max_sessions, ttl_s=config.session_ttl_s),
+        logins=LoginLimiter(attempts=config.login_attempts, refill_s=config.login_refill_s),
     )
     app[STATE] = state
     rendering.install(app)

@@ -28,15 +28,23 @@ class UIConfig:
     trace_function: str = "trace"
     #: Seconds between refreshes of the status and progress pages (a meta refresh, no script).
     refresh_s: int = 5
-    #: Browser sessions kept at once (the least recently used go first) and how long one lasts.
+    #: Logged-in browser sessions kept at once (the least recently used go first; anonymous
+    #: browsers take none) and how long one lasts idle.
     max_sessions: int = 10_000
     session_ttl_s: float = 12 * 3600.0
+    #: Failed logins one peer address may make in a row, and the seconds after which it may
+    #: make one more (Note [login attempts] in logins.py): 5 and 20 s let a person mistype a
+    #: few times and hold a guesser to 180 tokens an hour.
+    login_attempts: int = 5
+    login_refill_s: float = 20.0
 
     def __post_init__(self) -> None:
         if self.refresh_s < 1:
             raise ValidationError(f"UI refresh interval {self.refresh_s}s must be >= 1 second")
         if self.max_sessions < 1 or self.session_ttl_s <= 0:
             raise ValidationError("UI sessions: max_sessions >= 1 and session_ttl_s > 0")
+        if self.login_attempts < 1 or self.login_refill_s <= 0:
+            raise ValidationError("UI logins: login_attempts >= 1 and login_refill_s > 0")
         if self.api_url is not None and not self.api_url.startswith(("http://", "https://")):
             raise ValidationError(
                 f"UI api_url {self.api_url!r} must start with http:// or https://"

@@ -1,4 +1,5 @@
-"""What every UI handler reaches: the config, the results database, the API client, sessions."""
+"""What every UI handler reaches: the config, the results database, the API client, sessions
+and login tries."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 from trims.evaluation.ui.api import GatewayAPI
 from trims.evaluation.ui.config import UIConfig
 from trims.evaluation.ui.data import Results
+from trims.evaluation.ui.logins import LoginLimiter
 from trims.evaluation.ui.sessions import SESSION, Session, Sessions
 
 __all__ = ["UIState", "require_read", "session_of", "state_of"]
@@ -20,6 +22,7 @@ class UIState:
     results: Results
     api: GatewayAPI
     sessions: Sessions
+    logins: LoginLimiter
 
 
 STATE = web.AppKey("trims.ui.state", UIState)

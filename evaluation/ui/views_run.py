@@ -3,7 +3,8 @@ benchmark functions through the gateway API (asynchronously, with the user's tok
 page that refreshes itself, and the landing on the result.
 
 Every POST checks the session's CSRF token first (Note [browser credentials] in sessions.py);
-what the user may run is decided by the API (``invoke:<function>``), never here.
+what the user may run is decided by the API (``invoke:<function>``), never here. Each login
+spends one of its peer's tries (Note [login attempts] in logins.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from trims.errors import NotFound, TrimsError, Unauthorized, ValidationError
+from trims.errors import (
+    AccessError,
+    NotFound,
+    QueueFull,
+    TrimsError,
+    Unauthorized,
+    ValidationError,
+)
 from trims.evaluation.db import ResultsDB
 from trims.evaluation.ui.render import render
 from trims.evaluation.ui.sessions import CSRF_FIELD, SESSION, check_csrf
@@ -257,10 +265,19 @@ async def login(request: web.Request) -> web.Response:
     state = state_of(request)
     if not token:
         return render(request, "login.html", status=422, error="Enter a token.", next=target)
+    peer = request.remote or ""
+    try:
+        state.logins.take(peer)
+    except QueueFull as e:
+        retry = {"Retry-After": str(e.details["retry_after_s"])}
+        return render(request, "login.html", 429, retry, error=e.message, next=target)
     try:
         await state.api.call(request, "GET", "/v1/pipelines", token=token)
     except TrimsError as e:
+        if not isinstance(e, AccessError):
+            state.logins.give_back(peer)
         return render(request, "login.html", status=e.http_status, error=e.message, next=target)
+    state.logins.give_back(peer)
     session = state.sessions.replace(session_of(request), token)
     request[SESSION] = session
     return see_other(target)

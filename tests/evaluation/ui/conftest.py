@@ -3,6 +3,8 @@ worker processes) with the UI mounted, driven through aiohttp's test client.
 
 ``ui_gateway(**settings)`` starts one (authentication off unless the test gives tokens; the
 results database is the seeded one unless ``results_db`` is given) and stops it at teardown.
+``ui_alone(gateway, **ui_config)`` serves the UI alone, built with the UIConfig a test gives
+(a small session store, few login tries), calling that gateway's API.
 The helpers the tests share (``deploy``, ``page``, tokens) are in tests/fixtures/ui.py.
 """
 
@@ -14,12 +16,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.evaluation.ui.seed import Seeded, seed
 from tests.fixtures.gateway import local_factory
 from tests.fixtures.ui import UIClient
 from tests.fixtures.unprivileged import writable_by_functions
+from trims.evaluation.ui import UIConfig, create_ui_app
 from trims.runtime.gateway.app import create_app
 from trims.runtime.settings import GatewaySettings
 
@@ -49,6 +53,25 @@ async def ui_gateway(
             port=0, store_socket=root / "no-store.sock", drain_timeout_s=5.0, **options
         )
         app = create_app(settings, local_factory(root, settings.store_socket))
+        client: UIClient = TestClient(TestServer(app))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        await client.close()
+
+
+@pytest_asyncio.fixture
+async def ui_alone(seeded: Seeded) -> AsyncIterator[Callable[..., Awaitable[UIClient]]]:
+    clients: list[UIClient] = []
+
+    async def start(gateway: UIClient, **options: Any) -> UIClient:
+        options.setdefault("results_db", str(seeded.path))
+        config = UIConfig(api_url=str(gateway.make_url("/")).rstrip("/"), **options)
+        app = web.Application()
+        app.add_subapp("/ui", create_ui_app(config))
         client: UIClient = TestClient(TestServer(app))
         await client.start_server()
         clients.append(client)
