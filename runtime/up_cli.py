@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 from trims import daemon_process
+from trims.errors import TrimsError, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,55 @@ log = logging.getLogger(__name__)
 EXAMPLES_RESULTS_DB = "/tmp/trims-results/results.sqlite"
 DAEMON_START_TIMEOUT_S = 60.0
 SPEC_NAMES = ("function.yaml", "function.yml", "function.json")
+
+
+def own_results_folder(folder: Path, run_as: str | None) -> None:
+    """Make ``folder``, where the examples record results, this process's own.
+
+    It sits under /tmp, so another local user could make it first and plant what the web UI
+    shows, and a function user that owned it could open it to everyone. So the gateway's user
+    owns it and refuses a folder (or a link) someone else made. The user function code runs as
+    (``run_as``, when this process is root) gets what SQLite needs to write the database and
+    its journal through the folder's group (mode 0770), never the folder's owner or mode.
+    """
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ValidationError(
+            f"{folder}, the examples' results folder, is not a folder ({e.strerror}); remove "
+            "it or pass --results-db"
+        ) from e
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise ValidationError(
+                f"{folder}, the examples' results folder, belongs to uid {st.st_uid}, not to "
+                f"this gateway's user ({os.geteuid()}): whoever owns it decides what the web UI "
+                "shows; remove it (it holds only example results) or pass --results-db"
+            )
+        if run_as is None:
+            os.fchmod(fd, 0o700)
+            return
+        from trims.runtime.worker.sandbox import resolve_user
+
+        _, gid = resolve_user(run_as)
+        os.fchown(fd, -1, gid)
+        os.fchmod(fd, stat.S_IRWXU | stat.S_IRWXG)
+    finally:
+        os.close(fd)
+
+
+def _records_results(spec: Path) -> bool:
+    """Whether the example ``spec`` (the evaluate and trace ones) records into the examples'
+    results database; an unreadable spec is skipped, and named, at deploy."""
+    from trims.runtime.functions.spec import load_spec_file
+
+    try:
+        return load_spec_file(spec).config.get("db") == EXAMPLES_RESULTS_DB
+    except TrimsError:
+        return False
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -218,6 +270,11 @@ def run(args: argparse.Namespace) -> int:
     admin_token = next((t.secret for t in settings.tokens if "admin" in t.scopes), None)
     specs = example_specs(args.examples_dir or _default_examples_dir()) if args.examples else []
     local = gateway_cli.local_options(args)
+    if any(_records_results(spec) for spec in specs):
+        from trims.runtime.worker.sandbox import effective_run_as
+
+        run_as = effective_run_as(local.get("run_as")) if os.geteuid() == 0 else None
+        own_results_folder(Path(EXAMPLES_RESULTS_DB).parent, run_as)
     tasks: set[asyncio.Task[None]] = set()
 
     def ready(url: str) -> None:
