@@ -13,7 +13,14 @@ can acquire and release models but never administer the store.
 
 Each container runs as a non-root user with every capability dropped, ``no-new-privileges``, a
 read-only root filesystem (tmpfs /tmp), CPU and memory limits from the spec, the configured
-network mode (``none`` by default) and GPUs through device requests. Labels
+network mode (``none`` by default) and GPUs through device requests. Which user: with a root
+caller, each function its own uid (and a group of the same number) from ``uid_base`` and
+``uid_count`` (Note [one uid per function] in :mod:`trims.runtime.executors.function_uids`), so
+the store's per-uid limits and access lists tell functions apart; with the ``user`` setting,
+every container that one user (sharing those limits); with a non-root caller, the caller's
+own ids (the only ones whose worker socket it can be sure to connect to). Each container's
+environment is :data:`WORKER_ENV_DEFAULTS`, the ``env`` setting, the spec's ``env`` and the
+store socket's path, over the image's own: never anything of the gateway's environment. Labels
 (:data:`LABEL_MANAGED`, :data:`LABEL_EXECUTOR`, ...) find its containers again; ``close()``
 removes every container this executor made and :func:`remove_orphans` those of executors that
 died without closing; an executor with an ``owner`` does that for its owner's containers
@@ -42,7 +49,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -63,6 +70,12 @@ from trims.runtime.executors.base import (
     WorkerInstance,
     call_in_thread,
     refuse_environment,
+)
+from trims.runtime.executors.function_uids import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    FunctionUids,
+    check_uid_range,
 )
 from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
 from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec, parse_spec
@@ -101,17 +114,21 @@ _MAX_SOCKET_PATH = 107
 CONTAINER_WORKER_DIR = "/run/trims/w"
 CONTAINER_CODE_DIR = "/srv/function"
 
-#: The uid:gid containers run as when this process is root (the runtime image's "trims" user).
-DEFAULT_CONTAINER_USER = "10001:10001"
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
-def _default_user() -> str:
-    """Root callers run containers as the image's trims user; others as themselves, so the
-    worker's socket in the shared directory is theirs to connect to."""
-    if os.getuid() == 0:
-        return DEFAULT_CONTAINER_USER
-    return f"{os.getuid()}:{os.getgid()}"
+def _fixed_ids(user: str | None) -> tuple[int, int] | None:
+    """The (uid, gid) every container runs as, or None: each function its own.
+
+    A non-root caller runs containers as itself: it can neither chown an instance's socket
+    directory to another uid nor connect to a socket that the worker's umask keeps from it.
+    """
+    if user is not None:
+        uid, _, gid = user.partition(":")
+        return int(uid), int(gid or uid)
+    if os.getuid() != 0:
+        return os.getuid(), os.getgid()
+    return None
 
 
 @dataclass(frozen=True)
@@ -131,8 +148,16 @@ class DockerExecutorSettings:
     #: Docker network mode: "none" (default: functions reach nothing), "bridge", "host", or
     #: the name of a user-defined network.
     network: str = "none"
-    #: "uid:gid" the worker runs as; None = 10001:10001 when root, else the caller's own ids.
+    #: "uid:gid" every container runs as; they then share the store's per-uid connection
+    #: limit and model access. None = each function its own uid and group from ``uid_base``
+    #: (Note [one uid per function]) when this process is root, else the caller's own ids.
     user: str | None = None
+    #: First uid of the functions' own (when ``user`` is None and this process is root); the
+    #: range must hold no uid of a person or service on the host, nor the daemon's.
+    uid_base: int = DEFAULT_UID_BASE
+    #: How many uids from ``uid_base`` the functions draw from; more functions than that cannot
+    #: run at once. Under dockerd's userns-remap the range must lie within the remapped ids.
+    uid_count: int = DEFAULT_UID_COUNT
     #: Supplementary group that may connect to the store socket; None = the socket's group.
     store_group: int | None = None
     #: Memory added to the function's ``resources.memory_bytes`` for the interpreter and the
@@ -160,6 +185,7 @@ class DockerExecutorSettings:
             raise ValidationError(f"docker executor: user {self.user!r} must be 'uid' or 'uid:gid'")
         if self.user is not None and self.user.split(":")[0] == "0":
             raise ValidationError("docker executor: user must not be root (uid 0)")
+        check_uid_range(self.uid_base, self.uid_count, "docker executor")
         if self.owner is not None:
             check_gateway_name(self.owner, "docker executor: owner")
 
@@ -270,10 +296,13 @@ class DockerInstance(WorkerInstance):
         container: Any,
         socket_dir: Path,
         memory_limit: int | None,
+        uid: int,
     ) -> None:
         super().__init__(instance_id, spec.name, "docker")
         self.spec = spec
         self.container = container
+        #: The uid the container runs as (Note [one uid per function]).
+        self.uid = uid
         self.socket_dir = socket_dir
         self.socket_path = socket_dir / WORKER_SOCKET
         self.memory_limit = memory_limit
@@ -351,7 +380,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         self._owned_dir: OwnedDir | None = None
         super().__init__()
         self._swept = False
-        self._user = settings.user or _default_user()
+        self._fixed_ids = _fixed_ids(settings.user)
+        self._uids = FunctionUids(settings.uid_base, settings.uid_count)
         store = settings.store_socket or default_socket(dict(os.environ))
         self._store_socket: Path | None = store
 
@@ -412,18 +442,49 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
 
     def check(self, spec: FunctionSpec) -> None:
         """At deploy: ValidationError if the image is missing or cannot import what the models
-        need (:meth:`check_image`), or if the container's user could not read the code it gets
-        (the bind-mounted ``code_dir``: the directory and the handler module, not its host
+        need (:meth:`check_image`), or if the container's user (the uid the function has now
+        or would get, Note [one uid per function]) could not read the code it gets (the
+        bind-mounted ``code_dir``: the directory and the handler module, not its host
         ancestors). Only a root caller can take that user's ids to check; others run
         containers as themselves."""
         refuse_environment(spec, self.name)
         self.check_image(spec)
         if os.getuid() != 0 or spec.code_dir is None:
             return
-        uid, _, gid = self._user.partition(":")
+        uid, gid = self.ids_for(spec.name)
         store_group = self._store_group()
-        user = User(int(uid), int(gid or uid), () if store_group is None else (store_group,))
+        user = User(uid, gid, () if store_group is None else (store_group,))
         check_code_as(spec, user, mounted=True)
+
+    def _running(self) -> list[tuple[str, int]]:
+        return [(i.function, i.uid) for i in self._instances.values()]
+
+    def _reserved_uids(self) -> set[int]:
+        """Uids no function gets: root, the gateway's own and the daemon's (its socket's owner)."""
+        reserved = {0, os.getuid()}
+        store = self._store_socket
+        with contextlib.suppress(OSError):
+            if store is not None:
+                reserved.add(store.stat().st_uid)
+        return reserved
+
+    def ids_for(self, function: str) -> tuple[int, int]:
+        """The (uid, gid) the containers of ``function`` run as now, or would if it started."""
+        if self._fixed_ids is not None:
+            return self._fixed_ids
+        uid = self._uids.uid_for(function, self._running(), self._reserved_uids())
+        return uid, uid
+
+    @contextlib.contextmanager
+    def _ids_while_starting(self, function: str, instance_id: str) -> Iterator[tuple[int, int]]:
+        """The (uid, gid) of a new instance, held until the block has tracked it."""
+        if self._fixed_ids is not None:
+            yield self._fixed_ids
+            return
+        with self._uids.starting(
+            function, instance_id, self._running(), self._reserved_uids()
+        ) as uid:
+            yield uid, uid
 
     def check_image(self, spec: FunctionSpec) -> str:
         """The image ``spec`` runs (:func:`image_for`); ValidationError when it is not on the
@@ -497,8 +558,9 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         gid = self.settings.store_group
         return store.stat().st_gid if gid is None else gid
 
-    def _socket_dir(self, instance_id: str) -> Path:
-        """A directory only this instance's container writes its socket into."""
+    def _socket_dir(self, instance_id: str, ids: tuple[int, int]) -> Path:
+        """A directory only this instance's container (running as ``ids``) writes its socket
+        into."""
         path = self.state_dir / instance_id
         if len(os.fsencode(path / WORKER_SOCKET)) > _MAX_SOCKET_PATH:
             raise ValidationError(
@@ -507,20 +569,28 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
                 "executor a shorter state directory"
             )
         path.mkdir(mode=0o700)
-        uid, _, gid = self._user.partition(":")
         if os.getuid() == 0:
-            os.chown(path, int(uid), int(gid or uid))
-        elif str(os.getuid()) != uid:
+            os.chown(path, *ids)
+        elif os.getuid() != ids[0]:
             path.chmod(0o777)
         return path
 
     def container_spec(
-        self, spec: FunctionSpec, instance_id: str, socket_dir: Path, *, standby: bool = False
+        self,
+        spec: FunctionSpec,
+        instance_id: str,
+        socket_dir: Path,
+        *,
+        ids: tuple[int, int] | None = None,
+        standby: bool = False,
     ) -> dict[str, Any]:
-        """Keyword arguments for ``containers.create`` (pure: no engine call); ``standby``: the
+        """Keyword arguments for ``containers.create`` (pure: no engine call); ``ids``: the
+        (uid, gid) it runs as (None: :meth:`ids_for` the function now); ``standby``: the
         worker prepares and waits for ACTIVATE (Note [standby instances] in
         :mod:`trims.runtime.gateway.pool`)."""
         import docker.types
+
+        uid, gid = self.ids_for(spec.name) if ids is None else ids
 
         mounts = [
             docker.types.Mount(CONTAINER_WORKER_DIR, str(socket_dir), type="bind"),
@@ -534,7 +604,8 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         ]  # fmt: skip
         if standby:
             worker_argv.append("--standby")
-        # Note [passive OpenMP threads]
+        # Note [passive OpenMP threads]. Built from these alone, never from os.environ: the
+        # gateway's secrets (its tokens, say) must not reach function code.
         environment = {**WORKER_ENV_DEFAULTS, **self.settings.env, **spec.env}
         store = self._store_socket
         if store is not None and store.exists():
@@ -569,7 +640,7 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
             "image": image_for(spec, self.settings),
             "command": worker_argv,
             "name": name,
-            "user": self._user,
+            "user": f"{uid}:{gid}",
             "group_add": group_add or None,
             "environment": environment,
             "labels": self.labels(spec, instance_id),
@@ -601,25 +672,28 @@ class DockerExecutor(ExecutorBase[DockerInstance]):
         self._check_start(instance_id)
         await self.prepare()
         client = self.client
-        socket_dir = self._socket_dir(instance_id)
-        kwargs = self.container_spec(spec, instance_id, socket_dir, standby=standby)
-        action = f"start instance {instance_id} of {spec.name} (image {kwargs['image']})"
-        try:
-            container = await _call(action, client.containers.create, **kwargs)
-        except TrimsError:
-            shutil.rmtree(socket_dir, ignore_errors=True)
-            raise
-        try:
-            await _call(action, container.start)
-        except TrimsError:
-            await _remove_container(container)
-            shutil.rmtree(socket_dir, ignore_errors=True)
-            raise
-        instance = self._track(
-            DockerInstance(instance_id, spec, container, socket_dir, kwargs["mem_limit"])
-        )
-        log.debug("instance %s of %s started (container %s)", instance_id, spec.name,
-                  instance.container_id[:12])  # fmt: skip
+        with self._ids_while_starting(spec.name, instance_id) as ids:
+            socket_dir = self._socket_dir(instance_id, ids)
+            kwargs = self.container_spec(spec, instance_id, socket_dir, ids=ids, standby=standby)
+            action = f"start instance {instance_id} of {spec.name} (image {kwargs['image']})"
+            try:
+                container = await _call(action, client.containers.create, **kwargs)
+            except TrimsError:
+                shutil.rmtree(socket_dir, ignore_errors=True)
+                raise
+            try:
+                await _call(action, container.start)
+            except TrimsError:
+                await _remove_container(container)
+                shutil.rmtree(socket_dir, ignore_errors=True)
+                raise
+            instance = self._track(
+                DockerInstance(
+                    instance_id, spec, container, socket_dir, kwargs["mem_limit"], ids[0]
+                )
+            )
+        log.debug("instance %s of %s started (container %s, uid %d)", instance_id, spec.name,
+                  instance.container_id[:12], ids[0])  # fmt: skip
         return instance
 
     async def _stop_failed(self, instance: DockerInstance, error: BaseException) -> None:

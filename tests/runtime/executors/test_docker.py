@@ -6,15 +6,18 @@ Each test starts real containers from the image built by dockerfiles/build-image
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.fixtures.gateway import RunningGateway
 from trims.errors import NotFound, Unavailable, UpstreamError, ValidationError
 from trims.runtime.executors.base import Instance
 from trims.runtime.executors.docker import (
@@ -28,7 +31,8 @@ from trims.runtime.executors.docker import (
     describe_container_exit,
     remove_orphans,
 )
-from trims.runtime.functions.spec import FunctionSpec, load_spec_file
+from trims.runtime.executors.function_uids import DEFAULT_UID_BASE, DEFAULT_UID_COUNT
+from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec, load_spec_file
 
 pytestmark = pytest.mark.docker
 
@@ -59,7 +63,9 @@ async def test_echo_runs_confined_in_a_container_and_is_removed_on_stop(
     instance = await executor.start(spec, "echo-1")
     assert isinstance(instance, DockerInstance)
     await instance.wait_ready(READY)
-    assert await _call(instance, b"hi") == {"body": "hi", "uid": 10001}
+    uid, gid = executor.ids_for("echo")
+    assert uid == gid and DEFAULT_UID_BASE <= uid < DEFAULT_UID_BASE + DEFAULT_UID_COUNT
+    assert await _call(instance, b"hi") == {"body": "hi", "uid": uid}
     assert instance.alive() and instance.exit_reason is None
 
     attrs = docker_client.containers.get(instance.container_id).attrs
@@ -72,7 +78,7 @@ async def test_echo_runs_confined_in_a_container_and_is_removed_on_stop(
     assert host["ReadonlyRootfs"] is True
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["IpcMode"] != "host"
-    assert attrs["Config"]["User"] == "10001:10001"
+    assert attrs["Config"]["User"] == f"{uid}:{gid}"
     labels = attrs["Config"]["Labels"]
     assert labels[LABEL_EXECUTOR] == executor.id
     assert (labels[LABEL_FUNCTION], labels[LABEL_INSTANCE]) == ("echo", "echo-1")
@@ -302,10 +308,10 @@ def test_a_worker_socket_path_too_long_for_unix_is_refused_with_the_fix(tmp_path
     deep = tmp_path / ("d" * 90)
     executor = DockerExecutor(store_socket=tmp_path / "absent.sock", state_dir=deep)
     with pytest.raises(ValidationError, match="shorter state directory"):
-        executor._socket_dir("an-instance-id-1")
+        executor._socket_dir("an-instance-id-1", executor.ids_for("fn"))
     assert not (deep / "an-instance-id-1").exists()
     short = DockerExecutor(store_socket=tmp_path / "absent.sock", state_dir=tmp_path / "s")
-    assert short._socket_dir("fn-1").is_dir()
+    assert short._socket_dir("fn-1", short.ids_for("fn")).is_dir()
 
 
 def test_root_user_is_refused() -> None:
@@ -372,52 +378,202 @@ def test_container_state_in_words(state: dict[str, Any], reason: str) -> None:
     assert describe_container_exit(state, memory_limit=64 << 20, logs=logs).startswith(reason)
 
 
-async def test_gateway_invokes_a_docker_function_over_http(
-    docker_executor: MakeExecutor,
-    start_daemon: Callable[..., Any],
-    tmp_path: Path,
-) -> None:
-    """The gateway with the docker executor: deploy, cold start a container, invoke, metrics."""
+@contextlib.asynccontextmanager
+async def _docker_gateway(
+    make_executor: MakeExecutor, store_socket: Path
+) -> AsyncIterator[RunningGateway]:
+    """A real gateway on 127.0.0.1 whose functions run in containers of ``make_executor``."""
     import aiohttp
     from aiohttp import web
 
     from trims.runtime.gateway.app import create_app
     from trims.runtime.settings import GatewaySettings
 
-    weights = np.ones(256, dtype=np.float32)
-    daemon = start_daemon(models={"ones": {"w": weights}})
-    code = tmp_path / "fn"
-    code.mkdir()
-    (code / "handler.py").write_text(
-        "def handler(request, ctx):\n"
-        "    return {'sum': float(ctx.models['ones'].numpy()['w'].sum()), 'body': request.text()}\n"
-    )
-    settings = GatewaySettings(port=0, store_socket=daemon.socket, drain_timeout_s=5.0, auth=False)
-    app = create_app(settings, lambda name: docker_executor(store_socket=daemon.socket))
+    settings = GatewaySettings(port=0, store_socket=store_socket, drain_timeout_s=5.0, auth=False)
+    app = create_app(settings, lambda name: make_executor(store_socket=store_socket))
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    spec = {
-        "name": "ones",
-        "handler": "handler:handler",
-        "code_dir": str(code),
-        "executor": "docker",
-        "models": [{"name": "ones"}],
-    }
     try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
         async with aiohttp.ClientSession() as session:
-            async with session.put(f"{url}/v1/functions/ones", json=spec) as r:
-                assert r.status in (200, 201), await r.text()
-            async with session.post(f"{url}/v1/functions/ones/invoke", data=b"x") as r:
-                assert r.status == 200, await r.text()
-                assert await r.json() == {"sum": 256.0, "body": "x"}
-            async with session.get(f"{url}/metrics") as r:
-                metrics = await r.text()
-        assert 'trims_cold_starts_total{function="ones"} 1.0' in metrics
+            yield RunningGateway(f"http://127.0.0.1:{runner.addresses[0][1]}", app, session)
     finally:
         await runner.cleanup()
+
+
+def _docker_spec(spec: FunctionSpec) -> dict[str, Any]:
+    return {**spec.to_dict(), "executor": "docker"}
+
+
+#: The sum of the function's one model's tensor "w", and the request body.
+SUM = """
+def handler(request, ctx):
+    (model,) = ctx.models.values()
+    return {"sum": float(model.numpy()["w"].sum()), "body": request.text()}
+"""
+
+
+async def test_gateway_invokes_a_docker_function_over_http(
+    docker_executor: MakeExecutor,
+    start_daemon: Callable[..., Any],
+    make_function: MakeFunction,
+) -> None:
+    """The gateway with the docker executor: deploy, cold start a container, invoke, metrics."""
+    weights = np.ones(256, dtype=np.float32)
+    daemon = start_daemon(models={"ones": {"w": weights}})
+    spec = make_function(SUM, name="ones", models=[{"name": "ones"}])
+    async with _docker_gateway(docker_executor, daemon.socket) as gateway:
+        await gateway.deploy(_docker_spec(spec))
+        status, _, body = await gateway.invoke("ones", b"x")
+        assert status == 200, body
+        assert json.loads(body) == {"sum": 256.0, "body": "x"}
+        async with gateway.session.get(f"{gateway.url}/metrics") as r:
+            metrics = await r.text()
+    assert 'trims_cold_starts_total{function="ones"} 1.0' in metrics
+
+
+#: Opens connections to the store socket until the daemon refuses one, and keeps them open.
+HOG = """
+import os
+import socket
+
+from trims.protocol import recv_frame, send_frame
+
+HELD = []
+
+
+def handler(request, ctx):
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(os.environ["TRIMS_SOCKET"])
+        s.settimeout(0.5)
+        try:
+            reply, _ = recv_frame(s)  # the daemon speaks first only to refuse
+        except TimeoutError:
+            s.settimeout(None)
+            try:
+                send_frame(s, {"id": 1, "op": "stats", "args": {}})
+                reply, _ = recv_frame(s)
+            except OSError as e:
+                reply = {"ok": False, "error": {"message": str(e)}}
+        if not reply["ok"]:
+            s.close()
+            return {"held": len(HELD), "refused": reply["error"]["message"]}
+        HELD.append(s)
+"""
+
+
+async def test_a_function_holding_its_uids_store_connections_leaves_anothers_cold_start_alone(
+    docker_executor: MakeExecutor,
+    start_daemon: Callable[..., Any],
+    make_function: MakeFunction,
+) -> None:
+    """Issue 41, finding 7: the store limits connections per uid, and every container ran as
+    10001, so one function holding its share made the next function's cold start fail (502).
+    Each function now runs as its own uid (Note [one uid per function])."""
+    limit = 4
+    weights = np.arange(64, dtype=np.float32)
+    daemon = start_daemon(
+        models={"vec": {"w": weights}}, max_connections_per_uid=limit, idle_timeout=0
+    )
+    hog = make_function(HOG, name="hog")
+    vec = make_function(SUM, name="vec", models=[{"name": "vec"}])
+    async with _docker_gateway(docker_executor, daemon.socket) as gateway:
+        await gateway.deploy(_docker_spec(hog))
+        status, _, body = await gateway.invoke("hog")
+        assert status == 200, body
+        held = json.loads(body)
+        assert held["held"] >= limit - 1 and "--max-connections-per-uid" in held["refused"]
+
+        await gateway.deploy(_docker_spec(vec))
+        status, _, body = await gateway.invoke("vec")
+        assert status == 200, body
+        assert json.loads(body) == {"sum": float(weights.sum()), "body": ""}
+
+        # the hog still holds its uid's every slot: the limit was in force all along
+        status, _, body = await gateway.invoke("hog")
+        assert status == 200, body
+        assert json.loads(body)["held"] == held["held"]
+
+
+#: What the worker process runs as and sees in its environment.
+IDS_AND_ENV = """
+import os
+
+def handler(request, ctx):
+    return {"ids": [os.getuid(), os.getgid()], "groups": sorted(os.getgroups()),
+            "env": sorted(os.environ)}
+"""
+
+
+async def test_each_function_runs_as_its_own_uid_which_the_deploy_check_uses(
+    docker_executor: MakeExecutor,
+    make_function: MakeFunction,
+    start_daemon: Callable[..., Any],
+    docker_client: Any,
+) -> None:
+    """Two functions, two uids (and groups of the same number); the instances of one share
+    it. The deploy check reads the code as that uid: code only it may read passes."""
+    daemon = start_daemon()
+    executor = docker_executor(store_socket=daemon.socket)
+    specs = {name: make_function(IDS_AND_ENV, name=name) for name in ("first", "second")}
+    for name, spec in specs.items():
+        assert spec.code_dir is not None
+        uid, gid = executor.ids_for(name)
+        for path in (Path(spec.code_dir), Path(spec.code_dir) / "handler.py"):
+            os.chown(path, uid, gid)
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        executor.check(spec)
+    instances = [
+        await executor.start(specs["first"], "first-1"),
+        await executor.start(specs["first"], "first-2"),
+        await executor.start(specs["second"], "second-1"),
+    ]
+    got = []
+    for instance in instances:
+        await instance.wait_ready(READY)
+        got.append(await _call(instance))
+    first, again, second = (answer["ids"] for answer in got)
+    assert first == again and first != second
+    for uid, gid in (first, second):
+        assert uid == gid and DEFAULT_UID_BASE <= uid < DEFAULT_UID_BASE + DEFAULT_UID_COUNT
+        assert uid not in (0, os.getuid(), daemon.socket.stat().st_uid)
+    assert all(daemon.socket.stat().st_gid in answer["groups"] for answer in got)
+    users = {
+        docker_client.containers.get(i.container_id).attrs["Config"]["User"] for i in instances
+    }
+    assert users == {f"{first[0]}:{first[1]}", f"{second[0]}:{second[1]}"}
+    for instance in instances:
+        await executor.stop(instance, grace_s=5)
+
+
+async def test_a_container_gets_nothing_of_the_gateways_environment(
+    docker_executor: MakeExecutor,
+    make_function: MakeFunction,
+    docker_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41, finding 2: the environment is the defaults, the setting's and the spec's env
+    and the store socket's path over the image's own; the gateway's tokens never reach it."""
+    monkeypatch.setenv("TRIMS_GATEWAY_TOKENS", "admin-secret:admin")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gateway-only")
+    executor = docker_executor(env={"FROM_SETTINGS": "1"})
+    spec = make_function(IDS_AND_ENV, name="env", env={"FROM_SPEC": "2"})
+    instance = await executor.start(spec, "env-1")
+    await instance.wait_ready(READY)
+    seen = set((await _call(instance))["env"])
+    assert isinstance(instance, DockerInstance)
+    container = docker_client.containers.get(instance.container_id)
+    image_env = docker_client.images.get(container.image.id).attrs["Config"]["Env"]
+    given = {*WORKER_ENV_DEFAULTS, "FROM_SETTINGS", "FROM_SPEC"}
+    image_names = {entry.partition("=")[0] for entry in image_env}
+    assert {entry.partition("=")[0] for entry in container.attrs["Config"]["Env"]} == (
+        image_names | given
+    )
+    assert "TRIMS_GATEWAY_TOKENS" not in seen and "AWS_SECRET_ACCESS_KEY" not in seen
+    assert given <= seen
+    await executor.stop(instance, grace_s=5)
 
 
 async def test_an_unreachable_engine_does_not_stop_the_sweep_from_being_tried_again(
