@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trims.daemon.private import private_file
 from trims.errors import AlreadyExists, NotFound, TrimsError, ValidationError
 from trims.layout import validate_digest, validate_model_name, validate_version
 
@@ -139,6 +140,12 @@ class Catalog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Names, sources and access lists are the daemon's alone (Note [private store] in
+        # trims.daemon.private); SQLite gives the -wal and -shm files the database's mode.
+        private_file(path, 0o600)
+        for journal in (path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if journal.exists():
+                private_file(journal, 0o600)
         try:
             self._db = sqlite3.connect(path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")

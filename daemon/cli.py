@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trims.config import data_dir, default_socket, parse_size
+from trims.daemon.private import private_log
 from trims.daemon.settings import EVICTION_POLICIES, DaemonSettings, ServerLimits, TierBudgets
 from trims.daemon.tiers.cpu import CPU_BACKINGS
 from trims.errors import ValidationError
@@ -24,7 +25,11 @@ _TIER_NAMES = ("cpu", "gpu", "disk")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store-dir", help="catalog and disk tier [$TRIMS_STORE_DIR]")
+    parser.add_argument(
+        "--store-dir",
+        help="catalog and disk tier, the daemon's user's alone: made 0700, tightened if looser, "
+        "refused if another user owns it [$TRIMS_STORE_DIR]",
+    )
     parser.add_argument("--socket", help="store socket path [$TRIMS_SOCKET]")
     parser.add_argument("--socket-mode", help="store socket mode, octal [0660]")
     parser.add_argument("--socket-group", help="group that may connect [$TRIMS_SOCKET_GROUP]")
@@ -181,6 +186,7 @@ def build_settings(
 def run(args: argparse.Namespace) -> int:
     settings, policies, level = build_settings(args, os.environ)
     setup_logging(level)
+    private_log()
     setup_tracing("trims-daemon", settings.otlp_endpoint)
     import uvloop
 

@@ -410,7 +410,7 @@ class Residency:
 
     # Note [disk re-verification]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    # A blob is mode 0444 in a 0700 store dir, but a client that is root (or the daemon's
+    # A blob is mode 0400 in a 0700 store dir, but a client that is root (or the daemon's
     # uid) can fchmod the read-only fd a "disk" acquire hands out and write the file; nothing
     # stops root, so we detect it. When a blob is verified we remember its Stamp (inode,
     # size, mtime, ctime; the kernel sets ctime on every write, truncate, chmod or rename and

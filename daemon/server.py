@@ -47,6 +47,7 @@ from pathlib import Path
 from trims.daemon.connection import Connection, spawn
 from trims.daemon.limits import ConnectionSlots, PeerLog, ReadBudget
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.private import socket_folder
 from trims.daemon.settings import DaemonSettings
 from trims.daemon.store import Store
 from trims.errors import (
@@ -64,7 +65,7 @@ ACCEPT_RETRY = 0.5
 
 def _bind(path: Path, mode: int, group: str | None) -> socket.socket:
     """A listening Unix socket at ``path`` with ``mode`` (and ``group``) set before listen."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    socket_folder(path.parent)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ValidationError(f"{path} exists and is not a socket; choose another --socket")

@@ -23,6 +23,7 @@ from trims.daemon.catalog import AccessList, Catalog, ModelRecord, not_found
 from trims.daemon.crashpoints import arm, crashpoint
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.private import private_dir
 from trims.daemon.residency import MEMORY_TIERS, TIERS, Progress, Residency
 from trims.daemon.settings import DaemonSettings
 from trims.daemon.tiers.gpu import GpuTier
@@ -77,7 +78,7 @@ class Store:
         self.settings = settings
         self.metrics = metrics
         arm(settings.crash_point)
-        settings.store_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(settings.store_dir)
         self.catalog = Catalog(settings.store_dir / "catalog.sqlite")
         self.leases = LeaseTable()
         self.res = Residency(

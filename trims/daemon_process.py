@@ -101,7 +101,10 @@ def launch(
     pattern = re.compile(ready, re.MULTILINE) if isinstance(ready, str) else ready
     log.parent.mkdir(parents=True, exist_ok=True)
     offset = log.stat().st_size if log.exists() else 0
-    with open(log, "ab") as f:
+    # Owner-only from its first byte: a log names models, sources and clients, and a reader
+    # who opened it while it was looser would keep reading after a chmod.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    with open(os.open(log, flags, 0o600), "ab") as f:
         proc = subprocess.Popen(
             list(cmd),
             stdin=subprocess.DEVNULL,

@@ -3,9 +3,12 @@
 ::
 
     root/
-      blobs/<sha256>        the layout buffer, read-only (mode 0444)
-      blobs/<sha256>.json   its manifest (the first one committed for that content)
+      blobs/<sha256>        the layout buffer, read-only (mode 0400)
+      blobs/<sha256>.json   its manifest (the first one committed for that content; 0400)
       tmp/<uuid>.part       files being written: downloads, conversions, manifests
+
+Every folder is 0700 and every file owner-only, all of the daemon's uid, checked and tightened
+when the tier opens (Note [private store] in :mod:`trims.daemon.private`).
 
 Invariants: a blob is only ever created by renaming a fully written, fsynced temp file whose
 sha256 was recomputed and matched, and its manifest is written the same way afterwards, so a
@@ -45,6 +48,7 @@ from typing import NamedTuple
 
 from trims.config import format_size
 from trims.daemon.crashpoints import crashpoint
+from trims.daemon.private import private_dir, private_files
 from trims.daemon.tiers import chunks
 from trims.daemon.tiers.chunks import Checked, ChunkDigests
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, ValidationError
@@ -166,8 +170,9 @@ class DiskTier:
         self.budget = budget
         self._blobs = root / "blobs"
         self._tmp = root / "tmp"
-        self._blobs.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        for folder in (root, self._blobs, self._tmp):
+            private_dir(folder)
+        private_files(self._blobs)
         self._lock = threading.Lock()
         #: Where chunk digests are computed and kept (None: whole hashes only).
         self.pool = pool
@@ -255,10 +260,11 @@ class DiskTier:
     def _place(self, temp: Path, manifest: Manifest) -> None:
         blob = self._blobs / manifest.digest
         with open(temp, "rb") as f:
-            os.fchmod(f.fileno(), 0o444)
+            os.fchmod(f.fileno(), 0o400)
             os.fsync(f.fileno())
         meta_temp = self.new_temp()
-        with open(meta_temp, "x", encoding="utf-8") as f:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with open(os.open(meta_temp, flags, 0o400), "w", encoding="utf-8") as f:
             json.dump(manifest.to_dict(), f, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())

@@ -17,7 +17,7 @@ the same 512 MiB. So there the CPU tier serves the disk-tier blob itself::
 Isolation, against the sealed memfd:
 - a client's fd is read-only: ``mmap(MAP_SHARED, PROT_WRITE)`` and ``write`` fail, and its
   ``MAP_PRIVATE`` writes stay private copy-on-write pages, as with a memfd;
-- the blob is mode 0444, owned by the daemon's uid: only that uid or root can make it writable
+- the blob is mode 0400, owned by the daemon's uid: only that uid or root can make it writable
   (``fchmod``). A memfd's seals would still hold against them; the file does not (see below
   for when ``auto`` picks it). So every hand-out compares
   the fd's :class:`~trims.daemon.tiers.disk.Stamp` with the one taken when its every byte was

@@ -1,5 +1,6 @@
 """A minimal store client for the daemon tests, built on the protocol module only, and
-:func:`as_nobody`, the same requests sent from a child running as another uid."""
+:func:`as_nobody`, the same requests sent from a child running as another uid, built on
+:func:`run_as`, any function run so."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import json
 import mmap
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trims.errors import error_from_dict
 from trims.protocol import recv_frame, send_frame
+
+T = TypeVar("T")
 
 #: uid and gid of ``nobody``: the other user of the access and limits tests.
 NOBODY = 65534
@@ -70,7 +73,7 @@ class RawClient:
 
 def frames_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
     """Every frame the daemon sends on ``sock`` until it closes it (descriptors closed)."""
-    frames = []
+    frames: list[dict[str, Any]] = []
     while True:
         try:
             message, fds = recv_frame(sock)
@@ -81,11 +84,9 @@ def frames_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
         frames.append(message)
 
 
-def as_nobody(
-    sock: Path, requests: Sequence[tuple[str, dict[str, Any]]], groups: Sequence[int] = ()
-) -> list[dict[str, Any]]:
-    """Send ``requests`` on one store connection from a child running as uid/gid nobody with
-    supplementary ``groups``; the replies (descriptors closed in the child)."""
+def run_as(uid: int, fn: Callable[[], T], groups: Sequence[int] = ()) -> T:
+    """``fn()`` run in a forked child as uid and gid ``uid`` with supplementary ``groups``: what
+    it returns (JSON-able); a failure in the child fails the caller with its repr."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -93,23 +94,12 @@ def as_nobody(
         try:
             os.close(read_end)
             os.setgroups(list(groups))
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            replies = []
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(60)
-                s.connect(str(sock))
-                for i, (op, args) in enumerate(requests):
-                    send_frame(s, {"id": i, "op": op, "args": args})
-                    reply, fds = recv_frame(s)
-                    for fd in fds:
-                        os.close(fd)
-                    reply["nfds"] = len(fds)
-                    replies.append(reply)
-            os.write(write_end, json.dumps(replies).encode())
+            os.setgid(uid)
+            os.setuid(uid)
+            os.write(write_end, json.dumps({"result": fn()}).encode())
             status = 0
         except BaseException as e:  # reported to the parent, which fails the test
-            os.write(write_end, json.dumps([{"child_error": repr(e)}]).encode())
+            os.write(write_end, json.dumps({"child_error": repr(e)}).encode())
         finally:
             os._exit(status)
     os.close(write_end)
@@ -118,6 +108,30 @@ def as_nobody(
         while chunk := f.read(65536):
             chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
-    replies: list[dict[str, Any]] = json.loads(b"".join(chunks))
-    assert os.waitstatus_to_exitcode(status) == 0, replies
-    return replies
+    report: dict[str, Any] = json.loads(b"".join(chunks))
+    assert os.waitstatus_to_exitcode(status) == 0, report
+    result: T = report["result"]
+    return result
+
+
+def as_nobody(
+    sock: Path, requests: Sequence[tuple[str, dict[str, Any]]], groups: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """Send ``requests`` on one store connection from a child running as uid/gid nobody with
+    supplementary ``groups``; the replies (descriptors closed in the child)."""
+
+    def send() -> list[dict[str, Any]]:
+        replies = []
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(60)
+            s.connect(str(sock))
+            for i, (op, args) in enumerate(requests):
+                send_frame(s, {"id": i, "op": op, "args": args})
+                reply, fds = recv_frame(s)
+                for fd in fds:
+                    os.close(fd)
+                reply["nfds"] = len(fds)
+                replies.append(reply)
+        return replies
+
+    return run_as(NOBODY, send, groups)

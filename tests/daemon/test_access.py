@@ -128,4 +128,4 @@ def test_a_disk_fd_made_writable_and_written_is_detected_before_the_next_hand_ou
             assert np.array_equal(np.frombuffer(mapping, np.float32, 4096), W)
         finally:
             mapping.close()
-    assert oct(blob.stat().st_mode & 0o777) == oct(0o444)
+    assert oct(blob.stat().st_mode & 0o777) == oct(0o400)

@@ -41,7 +41,7 @@ def test_commit_stores_a_verified_read_only_blob(tmp_path: Path) -> None:
     assert disk.digests() == [manifest.digest]
     assert disk.used_bytes() == manifest.total_bytes == disk.path(manifest.digest).stat().st_size
     assert disk.manifest(manifest.digest) == manifest
-    assert stat.S_IMODE(disk.path(manifest.digest).stat().st_mode) == 0o444
+    assert stat.S_IMODE(disk.path(manifest.digest).stat().st_mode) == 0o400
     disk.verify(manifest.digest)
 
 

@@ -52,7 +52,7 @@ def _write(path: Path, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
-    path.chmod(0o444)
+    path.chmod(0o400)
 
 
 def test_a_re_load_is_checked_chunk_by_chunk_against_the_first_verified_copy(

@@ -110,7 +110,7 @@ def test_a_file_that_changes_after_it_was_hashed_is_no_longer_current(
 ) -> None:
     path, manifest = blob
     file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
-    os.chmod(path, 0o444)  # the same mode: ctime still moves, and userspace cannot set it back
+    os.chmod(path, 0o400)  # the same mode: ctime still moves, and userspace cannot set it back
     assert not file_tier.current(manifest.digest)
 
 
@@ -136,7 +136,7 @@ def test_a_damaged_file_is_never_mapped(
     elif damage == "missing":
         path.unlink()
     if damage != "mode" and path.exists():
-        path.chmod(0o444)
+        path.chmod(0o400)
     with pytest.raises(CorruptModel, match=message):
         file_tier.load(manifest.digest, path, manifest.total_bytes, "m")
     assert not file_tier.holds_file(manifest.digest)
@@ -154,7 +154,7 @@ def test_a_changed_blob_is_evicted_and_hashed_again_before_the_next_hand_out(
     with RawClient(daemon.admin_socket) as admin, Holder(daemon.socket, "tiny") as first:
         assert first.started["values"] == W.tolist()
         path = _blob_of(daemon, admin, "tiny")
-        path.chmod(0o444)  # no byte changed: reloaded and served again
+        path.chmod(0o400)  # no byte changed: reloaded and served again
         with Holder(daemon.socket, "tiny") as second:
             assert second.started["values"] == W.tolist()
         stats = admin.result("stats")["tiers"]["cpu"]
@@ -197,7 +197,7 @@ def test_a_file_still_under_its_verified_stamp_is_mapped_without_hashing_again(
     assert again == (first.stamp, 0)
     assert path.read_bytes() == W.tobytes() and file_tier.current(manifest.digest)
     file_tier.free(manifest.digest)
-    os.chmod(path, 0o444)  # the stamp moves: hashed again
+    os.chmod(path, 0o400)  # the stamp moves: hashed again
     moved = file_tier.load(manifest.digest, path, size, "m", verified=first.stamp)
     assert moved.hashed == size and moved.stamp == Stamp.of(path.stat()) != first.stamp
 
@@ -211,7 +211,7 @@ def test_a_sealed_copy_hashes_every_byte_whatever_the_stamp(blob: tuple[Path, Ma
         path.chmod(0o644)
         with open(path, "r+b") as f:
             f.write(b"\x01\x02\x03\x04")
-        path.chmod(0o444)
+        path.chmod(0o400)
         claimed = Stamp.of(path.stat())  # as if the changed file had been verified
         with pytest.raises(CorruptModel, match="fails its digest check"):
             tier.load(manifest.digest, path, manifest.total_bytes, "m", verified=claimed)
@@ -243,7 +243,7 @@ def test_re_loads_of_an_unchanged_blob_are_not_hashed_again(
                 assert holder.started["values"] == W.tolist()
             admin.result("evict", name="m", tier="cpu")
         assert _hashed(admin) == {"cpu": 0, "disk": size}
-        _blob_of(daemon, admin, "m").chmod(0o444)  # the stamp moves
+        _blob_of(daemon, admin, "m").chmod(0o400)  # the stamp moves
         with Holder(daemon.socket, "m") as holder:
             assert holder.started["values"] == W.tolist()
         assert _hashed(admin) == {"cpu": size, "disk": size}
@@ -262,7 +262,7 @@ def test_adding_the_same_layout_again_does_not_vouch_for_the_blob_already_on_dis
         blob.chmod(0o644)  # someone with the daemon's uid writes the blob
         with open(blob, "r+b") as f:
             f.write(b"\x00" * 16)
-        blob.chmod(0o444)
+        blob.chmod(0o400)
         admin.result("add", name="b", source=str(source))
         assert _blob_of(daemon, admin, "b") == blob
         with pytest.raises(CorruptModel, match="digest check"):

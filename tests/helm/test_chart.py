@@ -96,6 +96,26 @@ def test_daemon_shares_its_socket_dir_with_function_pods(chart: Any) -> None:
     assert "--executor=kubernetes" in gateway["containers"][0]["args"]
 
 
+def test_the_daemon_owns_its_store_and_makes_it_private_itself(chart: Any) -> None:
+    """The kubelet makes a DirectoryOrCreate hostPath 0755 (issue 41, finding 6). The daemon's
+    store is a folder below it that the daemon creates 0700 (or tightens) at start, and refuses
+    when another uid owns it (Note [private store] in trims.daemon.private): so the init
+    container hands the hostPaths to the very uid the daemon runs as, and changes no mode."""
+    values = {"runAsUser": 4321, "runAsGroup": 4322}
+    docs = by_kind(render(chart, values))
+    pod = docs[("DaemonSet", "trims-daemon")]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    store_dir = next(
+        a.split("=", 1)[1] for a in pod["containers"][0]["args"] if a.startswith("--store-dir=")
+    )
+    assert Path(store_dir).parent == Path(mounts["store-dir"])
+    assert pod["securityContext"]["runAsUser"] == 4321
+    [init] = pod["initContainers"]
+    assert init["command"][:2] == ["/bin/chown", "4321:4322"]
+    assert mounts["store-dir"] in init["command"] and mounts["socket-dir"] in init["command"]
+    assert not any("chmod" in part for part in init["command"])
+
+
 def test_gateway_settings_parse_into_the_executor(chart: Any) -> None:
     from trims.runtime.kubernetes_objects import KubernetesExecutorSettings
 
