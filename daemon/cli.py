@@ -79,7 +79,7 @@ _LIMIT_FLAGS: tuple[tuple[str, str, Callable[[str], float]], ...] = (
     ("max_request_frame", "largest request frame, e.g. 64KiB [64KiB]", parse_size),
     ("read_buffer_total", "bytes of partial requests buffered, all connections [64MiB]",
      parse_size),
-    ("peer_log_burst", "warnings logged per uid per interval [10]", int),
+    ("peer_log_burst", "log lines about one uid per interval [10]", int),
     ("peer_log_interval", "seconds of that interval [10]", float),
 )  # fmt: skip
 

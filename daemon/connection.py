@@ -315,8 +315,13 @@ class Connection:
                 error = TrimsError(f"the reply cannot be sent ({e.message}); see the daemon log")
                 await self.send({"id": frame.get("id"), "ok": False, "error": error.to_dict()})
         except (ConnectionError, OSError) as e:
-            log.info(
-                "reply to pid %d not delivered (%s); its connection is closing", self.peer.pid, e
+            self.server.peer_log.log(
+                logging.INFO,
+                self.peer.uid,
+                "reply to pid %d (uid %d) not delivered (%s); its connection is closing",
+                self.peer.pid,
+                self.peer.uid,
+                e,
             )
 
     async def _answer(self, message: dict[str, Any], rid: object, caller: Caller) -> StoreReply:

@@ -7,7 +7,7 @@ Three small pieces, each owned by :class:`trims.daemon.server.Server`:
   their own, so a flood on the store socket never takes the admin socket's slots.
 * :class:`ReadBudget` bounds the bytes of partially read request frames across all connections;
   a connection reserves before it reads and waits while the budget is spent.
-* :class:`PeerLog` rate-limits warnings about one uid (a token bucket per uid) and logs a
+* :class:`PeerLog` rate-limits log lines about one uid (a token bucket per uid) and logs a
   "suppressed N" summary once the burst is over, so a misbehaving client cannot flood the log.
 """
 

@@ -26,8 +26,10 @@ Every limit is per peer first, so one client cannot deny service to the others:
 * **Malformed frames.** Every decode failure is a ProtocolError (``trims.protocol``); it is
   answered with a ``protocol`` error frame, counted by reason (``trims_protocol_errors``), and
   closes that connection only.
-* **Logs.** Warnings about one uid's frames and connections go through a per-uid token bucket
-  (``peer_log_burst`` per ``peer_log_interval``); the rest are summarized as "suppressed N".
+* **Logs.** Every line about one peer (its bad frames, refused, timed-out and ended
+  connections, undelivered replies) goes through one per-uid token bucket (``peer_log_burst``
+  per ``peer_log_interval``); the rest are counted (``trims_log_suppressed``) and summarized as
+  "suppressed N", so a uid looping acquire and disconnect cannot flood the log.
 
 Each accepted socket becomes a :class:`trims.daemon.connection.Connection`, which reads,
 dispatches and answers; this module binds, accepts within the slots and closes.
@@ -217,7 +219,14 @@ class Server:
             self.store.connections -= 1
             ended = self.store.end_connection(conn.ident)
             if ended:
-                log.info("client pid %d disconnected; its %d lease(s) ended", conn.peer.pid, ended)
+                self.peer_log.log(
+                    logging.INFO,
+                    conn.peer.uid,
+                    "client pid %d (uid %d) disconnected; its %d lease(s) ended",
+                    conn.peer.pid,
+                    conn.peer.uid,
+                    ended,
+                )
             del self._connections[conn.ident]
 
     async def close(self) -> None:

@@ -63,10 +63,11 @@ class ServerLimits:
     #: daemon stops reading until some frees. Default 64 MiB: 1024 connections can each hold a
     #: full request at once; beyond that, readers wait their turn.
     read_buffer_total: int = 64 << 20
-    #: Warnings about one uid (bad frames, refused or timed-out connections) logged per
-    #: ``peer_log_interval``; the rest are counted and summarized. Default 10.
+    #: Log lines about one uid (bad frames, refused, timed-out and ended connections) written
+    #: per ``peer_log_interval``; the rest are counted and summarized. Default 10: a client
+    #: that connects, acquires and disconnects in a loop writes one line a second at most.
     peer_log_burst: int = 10
-    #: Seconds over which ``peer_log_burst`` warnings per uid are allowed. Default 10 s.
+    #: Seconds over which ``peer_log_burst`` lines per uid are allowed. Default 10 s.
     peer_log_interval: float = 10.0
 
     def __post_init__(self) -> None:

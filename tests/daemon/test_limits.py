@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon.rawclient import NOBODY, RawClient, frames_until_closed
+from tests.daemon.rawclient import NOBODY, RawClient, frames_until_closed, run_as
+from tests.fixtures.gateway import wait_until
 from tests.fixtures.store import DaemonProcess
 from trims.daemon.limits import ConnectionSlots, ReadBudget
 from trims.protocol import (
@@ -34,6 +35,8 @@ from trims.protocol import (
 )
 
 TINY = {"w": np.arange(256, dtype=np.float32)}
+#: A second unprivileged uid, beside nobody.
+OTHER_UID = 1000
 
 
 def _frame(payload: bytes) -> bytes:
@@ -333,6 +336,42 @@ def test_the_log_of_a_thousand_bad_frames_stays_small(
     assert text.count("sent a bad frame") == 5
     assert "suppressed 995 more log line(s) about uid 0" in text
     assert len(text) < 8 << 10
+    _assert_clean_log(daemon)
+
+
+def _acquire_and_disconnect(path: Path, count: int) -> int:
+    """``count`` times: connect, acquire "tiny", hang up (its lease ends); the pid."""
+    for _ in range(count):
+        with RawClient(path) as client:
+            _, fds = client.call("acquire", name="tiny")
+            for fd in fds:
+                os.close(fd)
+    return os.getpid()
+
+
+def test_acquire_and_disconnect_loops_of_one_uid_keep_the_log_small(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """Finding 8 of issue 41: every acquire + disconnect wrote an INFO line, unbounded. Lines
+    about one uid share its log bucket; another uid's line still gets through."""
+    daemon = start_daemon(
+        models={"tiny": TINY},
+        socket_mode="666",
+        peer_log_burst=5,
+        peer_log_interval=3600,
+        metrics_address="127.0.0.1:0",
+    )
+    run_as(NOBODY, lambda: _acquire_and_disconnect(daemon.socket, 300))
+    assert wait_until(
+        lambda: _scrape(daemon.metrics_url).get("trims_log_suppressed_total") == 295
+    ), _scrape(daemon.metrics_url).get("trims_log_suppressed_total")
+    other = run_as(OTHER_UID, lambda: _acquire_and_disconnect(daemon.socket, 1))
+    line = f"client pid {other} (uid {OTHER_UID}) disconnected; its 1 lease(s) ended"
+    assert wait_until(lambda: line in daemon.log.read_text())
+    text = daemon.log.read_text()
+    assert text.count(f"(uid {NOBODY}) disconnected") == 5
+    daemon.stop()
+    assert f"suppressed 295 more log line(s) about uid {NOBODY}" in daemon.log.read_text()
     _assert_clean_log(daemon)
 
 
