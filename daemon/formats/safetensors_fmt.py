@@ -91,7 +91,28 @@ def _tensor_table(source: Path, header: dict[str, Any], data_len: int) -> list[t
                 f"only {data_len} bytes: the file is truncated"
             )
     items.sort(key=lambda kv: (kv[1]["data_offsets"][0], kv[0]))
+    _refuse_overlaps(source, items)
     return items
+
+
+def _refuse_overlaps(source: Path, items: list[tuple[str, Any]]) -> None:
+    """CorruptModel naming two tensors whose bytes overlap; ``items`` sorted by start offset.
+
+    A safetensors file stores each tensor's bytes once (the safetensors library refuses
+    overlaps); a file that aliases them is corrupt or crafted, whatever bytes it would yield."""
+    last: tuple[str, int, int] | None = None  # the tensor reaching furthest so far
+    for key, info in items:
+        begin, end = info["data_offsets"]
+        if begin == end:
+            continue
+        if last is not None and begin < last[2]:
+            raise CorruptModel(
+                f"{source}: tensors {last[0]!r} (bytes [{last[1]}, {last[2]})) and {key!r} "
+                f"(bytes [{begin}, {end})) overlap in the data section; a safetensors file "
+                "stores each tensor's bytes once: save the model again (safetensors save_file)"
+            )
+        if last is None or end > last[2]:
+            last = (key, begin, end)
 
 
 def convert_safetensors(

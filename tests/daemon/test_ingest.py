@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from safetensors import SafetensorError
 
 from tests.daemon.formats.layout_check import check_layout, read_raw, torch_raw
 from tests.fixtures.cloud import serve_files
@@ -145,6 +148,29 @@ def test_corrupt_file_leaves_nothing(disk: DiskTier, model_file: Path) -> None:
     model_file.write_bytes(model_file.read_bytes()[:-50])
     with pytest.raises(CorruptModel, match="truncated"):
         _ingest(str(model_file), disk)
+    assert _nothing_left(disk)
+
+
+def test_overlapping_safetensors_tensors_are_refused_by_name(
+    disk: DiskTier, tmp_path: Path
+) -> None:
+    """Finding 10a of issue 41: a file whose tensors share bytes, which the safetensors library
+    refuses to load, was stored."""
+    header = json.dumps(
+        {
+            "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "empty": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+        }
+    ).encode()
+    source = tmp_path / "overlap.safetensors"
+    source.write_bytes(struct.pack("<Q", len(header)) + header + bytes(24))
+    with pytest.raises(SafetensorError):
+        st_torch.load_file(source)
+    with pytest.raises(
+        CorruptModel, match=r"tensors 'a' \(bytes \[0, 16\)\) and 'b' \(bytes \[8, 24\)\) overlap"
+    ):
+        _ingest(str(source), disk)
     assert _nothing_left(disk)
 
 
