@@ -39,8 +39,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpu-backing",
         choices=CPU_BACKINGS,
-        help="how the cpu tier holds models: sealed memfd copies, or the verified disk files in "
-        "the page cache (faster to map with 4 KiB shmem pages) [auto; $TRIMS_CPU_BACKING]",
+        help="how the cpu tier holds models. memfd: a sealed copy; no process, root included, "
+        "can change a model once clients map it. file: the verified disk blob in the page "
+        "cache, first read 1.7-3x faster where shmem pages are 4 KiB; root (and the daemon's "
+        "uid) can still write it under descriptors already handed out: the next acquire sees "
+        "its stamp moved and hashes it again, but existing mappings see the change. auto: "
+        "file for a root daemon where shmem huge pages are off, memfd otherwise (see "
+        "docs/store.md) [auto; $TRIMS_CPU_BACKING]",
     )
     parser.add_argument("--disk-budget", help="disk for models [64GiB; $TRIMS_DISK_BUDGET]")
     parser.add_argument("--gpu-budget", help="device memory per GPU [0 = off; $TRIMS_GPU_BUDGET]")

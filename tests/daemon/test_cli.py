@@ -23,6 +23,17 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+def test_help_says_what_each_cpu_backing_guarantees() -> None:
+    """Finding 11 of issue 41: a root daemon's default backing (file) lets root change a model
+    under descriptors already handed out; ``trims daemon --help`` says which backing holds."""
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    text = " ".join(parser.format_help().split())
+    assert "memfd: a sealed copy; no process, root included, can change a model" in text
+    assert "root (and the daemon's uid) can still write it under descriptors already" in text
+    assert "auto: file for a root daemon where shmem huge pages are off, memfd otherwise" in text
+
+
 def test_argv_wins_over_environment_and_defaults_fill_the_rest(tmp_path: Path) -> None:
     env = {"TRIMS_STORE_DIR": str(tmp_path / "env"), "TRIMS_CPU_BUDGET": "2GiB",
            "TRIMS_SOCKET": "/run/x.sock", "TRIMS_EVICTION": "fifo"}  # fmt: skip
