@@ -416,6 +416,47 @@ def refuse_environment(spec: FunctionSpec, executor: str) -> None:
         )
 
 
+#: Note [worker environment]: the variables of the executor's own environment a worker may
+#: inherit (an entry ending in ``_`` is a prefix); everything else it gets is written down: the
+#: executor's settings ``env``, the spec's ``env``, and what the executor sets itself
+#: (``TRIMS_SOCKET``, ``TRIMS_OTLP_ENDPOINT``, the trace context). A gateway's environment
+#: holds its secrets (``TRIMS_GATEWAY_TOKENS``, ``TRIMS_TOKEN``, cloud credentials, an OTLP
+#: collector's headers), and function code can read its own environment: a worker inherited
+#: the gateway's whole environment until its admin token was read back by a function. Why each
+#: entry is here:
+#:
+#: * ``PATH``, ``HOME``, ``LANG``, ``LANGUAGE``, ``LC_*``, ``TZ``, ``TMPDIR``: what any program
+#:   expects to find (executables, caches, locale, time zone, the temp dir);
+#: * ``OMP_*``, ``GOMP_*``, ``KMP_*``, ``MKL_*``, ``OPENBLAS_*``: the frameworks' thread pools
+#:   (Note [passive OpenMP threads] in :mod:`trims.runtime.functions.spec`: ``GOMP_SPINCOUNT``
+#:   in the gateway's environment is how a node tunes them);
+#: * ``CUDA_*``, ``NVIDIA_*``, ``LD_LIBRARY_PATH``: which devices the node gives the gateway,
+#:   and where the CUDA libraries are;
+#: * ``PYTHONPATH``, ``PYTHONUNBUFFERED``, ``PYTHONDONTWRITEBYTECODE``: where the interpreter
+#:   finds trims in a development checkout, and how it writes;
+#: * ``TRIMS_SOCKET``, ``TRIMS_LOG_LEVEL``, ``TRIMS_DEBUG``: the worker's own settings (the
+#:   store socket it connects to, its log level, full tracebacks);
+#: * ``COVERAGE_*``: coverage.py's measurement of the processes a test suite starts.
+#:
+#: Never ``TRIMS_GATEWAY_TOKENS``, ``TRIMS_TOKEN`` or any other ``TRIMS_*``, nor ``OTEL_*``
+#: (exporter headers carry credentials: the executor passes the resolved endpoint alone).
+WORKER_ENV_ALLOWED: tuple[str, ...] = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_", "TZ", "TMPDIR",
+    "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_",
+    "CUDA_", "NVIDIA_", "LD_LIBRARY_PATH",
+    "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+    "TRIMS_SOCKET", "TRIMS_LOG_LEVEL", "TRIMS_DEBUG",
+    "COVERAGE_",
+)  # fmt: skip
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environ`` a worker may inherit (Note [worker environment])."""
+    names = frozenset(e for e in WORKER_ENV_ALLOWED if not e.endswith("_"))
+    prefixes = tuple(e for e in WORKER_ENV_ALLOWED if e.endswith("_"))
+    return {k: v for k, v in environ.items() if k in names or k.startswith(prefixes)}
+
+
 R = TypeVar("R")
 
 

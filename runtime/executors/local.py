@@ -5,6 +5,12 @@ and onnxruntime; ``zygote=False`` spawns ``python -m trims worker`` for each ins
 cold-start baseline). Either way the worker confines itself (memory limit, ``run_as`` user,
 dies with its parent) before it loads function code, writes its log to
 ``<state_dir>/<instance>.log``, and gets ``TRIMS_SOCKET`` so its models come from the store.
+The zygote and the workers inherit only an allow-listed part of this process's environment
+(Note [worker environment] in :mod:`trims.runtime.executors.base`) and none of its descriptors
+(Note [what a worker inherits] in :mod:`trims.runtime.worker.sandbox`); the processes function
+code starts end with its instance (Note [an instance's processes end with it], same module:
+each worker is a subreaper, and so is the zygote; a spawned worker's are killed here before the
+worker when it must be killed).
 
 A function may name an environment (``environment: mxnet`` in its spec): another interpreter,
 declared once in the settings (``environments={"mxnet": "/venv/bin/python"}``), for frameworks
@@ -37,19 +43,25 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from trims.config import default_socket
 from trims.errors import NotFound, Unavailable, ValidationError
-from trims.runtime.executors.base import ExecutorBase, Instance, WorkerInstance
+from trims.runtime.executors.base import ExecutorBase, Instance, WorkerInstance, inherited_env
 from trims.runtime.executors.state_dirs import OwnedDir, make_owned_dir
 from trims.runtime.executors.zygote import ZygoteHandle
 from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec
 from trims.runtime.worker.access import User, check_code_as, unreadable_runtime
 from trims.runtime.worker.exits import EXIT_INIT_FAILED, describe_returncode, init_failure
-from trims.runtime.worker.sandbox import effective_run_as, resolve_user
+from trims.runtime.worker.sandbox import effective_run_as, kill_descendants, resolve_user
 from trims.telemetry import inject_context, otlp_endpoint_from_env
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PRELOAD = ("numpy", "torch", "onnxruntime")
+#: Environment the zygote and the workers get unless the node's says otherwise. ONNX Runtime
+#: (1.32) opens its telemetry database (``~/.cache/Microsoft/DeveloperTools/.onnxruntime/
+#: onnxruntime.db``, 0600) read-write when imported: a root zygote held root's file open and
+#: mapped, and every worker forked from it inherited both.
+_QUIET_FRAMEWORKS: Mapping[str, str] = MappingProxyType({"ORT_DISABLE_TELEMETRY": "1"})
 
 
 @dataclass(frozen=True)
@@ -69,9 +81,11 @@ class LocalExecutorSettings:
     #: Interpreter for the zygote and spawned workers.
     python: str = sys.executable
     #: OTLP/HTTP endpoint the workers export their spans to (TRIMS_OTLP_ENDPOINT); None: the
-    #: workers inherit whatever this process's environment says.
+    #: one this process's environment names (TRIMS_OTLP_ENDPOINT or
+    #: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), passed on alone.
     otlp_endpoint: str | None = None
-    #: Extra environment for every worker (the function's own env is added on top).
+    #: Extra environment for every worker (the function's own env is added on top): the way
+    #: to give workers a variable of this process's environment that is not allow-listed.
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Named interpreters functions may ask for (``environment`` in the spec), e.g.
     #: ``{"mxnet": "/opt/mxnet-venv/bin/python"}``; each needs trims installed.
@@ -136,6 +150,10 @@ class _SpawnedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self._process.returncode is None:
+            if sig == signal.SIGKILL:
+                # The worker cannot end its processes itself now: end them while it still
+                # holds them (Note [an instance's processes end with it]).
+                kill_descendants(self.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
 
@@ -279,12 +297,15 @@ class LocalExecutor(ExecutorBase[LocalInstance]):
         return zygote.process.pid if zygote is not None else None
 
     def _base_env(self) -> dict[str, str]:
-        env = {**WORKER_ENV_DEFAULTS, **os.environ}  # Note [passive OpenMP threads]
+        """The zygote's and every worker's environment: written down, never this process's
+        whole environment (Note [worker environment] in :mod:`trims.runtime.executors.base`)."""
+        # Note [passive OpenMP threads]; settings.env may override either default.
+        env = {**WORKER_ENV_DEFAULTS, **_QUIET_FRAMEWORKS, **inherited_env(os.environ)}
         env.update(self.settings.env)
-        if self.settings.store_socket is not None:
-            env["TRIMS_SOCKET"] = str(self.settings.store_socket)
-        if self.settings.otlp_endpoint is not None:
-            env["TRIMS_OTLP_ENDPOINT"] = self.settings.otlp_endpoint
+        env["TRIMS_SOCKET"] = str(self.settings.store_socket or default_socket(os.environ))
+        otlp = self.settings.otlp_endpoint or otlp_endpoint_from_env(dict(os.environ))
+        if otlp is not None:
+            env["TRIMS_OTLP_ENDPOINT"] = otlp
         return env
 
     async def prepare(self) -> None:

@@ -62,7 +62,17 @@ Note [fork safety]: the invariants that keep a fork of this process a working wo
   reports each exit status: there are no zombies, and a pid it signals is always its own live
   (or not yet reaped) child, never a recycled one.
 * When the executor goes away (EOF on the socket, or its death via PR_SET_PDEATHSIG), the
-  zygote kills every worker's process group, reaps them and exits.
+  zygote kills every worker's process group, reaps them, kills what they leave behind (Note
+  [leftovers]) and exits.
+
+Note [leftovers]: the zygote is a child subreaper, and so is every worker (Note [an instance's
+processes end with it] in :mod:`trims.runtime.worker.sandbox`). A process function code
+started is reparented to its worker while the worker lives, so a child of the zygote that is
+not a worker can only be what a worker left when it died without ending its own processes
+(SIGKILL after the drain timeout, out of memory, a crash): the zygote kills every such child
+each time it reaps something, and reaps them without a report (the executor never heard of
+them). A leftover's own children come to the zygote when it dies, and the next round kills
+them.
 
 Note [zygote imports as root]: the zygote runs as the executor's user (root on a node) and its
 children drop to the unprivileged ``run_as`` user. It imports every module a worker needs
@@ -270,13 +280,17 @@ class _ZygoteServer:
         return None
 
     def _reap(self) -> None:
-        while self.children:
+        reaped = False
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
+            reaped = True
+            if pid not in self.children:
+                continue  # a leftover (Note [leftovers])
             self.children.discard(pid)
             if pid in self.retired:
                 self.retired.discard(pid)
@@ -296,8 +310,21 @@ class _ZygoteServer:
                 continue
             with contextlib.suppress(OSError):
                 self.send({"event": "exit", "pid": pid, "status": status})
+        if reaped:
+            self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL every child that is not a worker (Note [leftovers]); reaped by :meth:`_reap`
+        on their SIGCHLD."""
+        from trims.runtime.worker.sandbox import children_of
+
+        for pid in children_of(os.getpid()) - self.children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def _shutdown(self) -> None:
+        from trims.runtime.worker.sandbox import end_children
+
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
@@ -305,6 +332,7 @@ class _ZygoteServer:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self.children.clear()
+        end_children()
 
     def _leave_zygote(self) -> None:
         """In a forked child: drop the zygote's loop, sockets and signal set-up."""
@@ -342,7 +370,10 @@ class _ZygoteServer:
         returns. Before its request it writes to the zygote's stderr."""
 
         def run() -> int:
+            from trims.runtime.worker.sandbox import close_inherited_fds
+
             self._leave_zygote()
+            close_inherited_fds(keep=(sock.fileno(),))  # Note [what a worker inherits]
             prepared = _prepare_pooled(self.pool_config)
             received = _receive_request(sock)
             if received is None:
@@ -545,9 +576,15 @@ def zygote_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     from trims.runtime.executors.warmup import warm_up
-    from trims.runtime.worker.sandbox import die_with_parent
+    from trims.runtime.worker.sandbox import (
+        become_subreaper,
+        close_inherited_fds,
+        die_with_parent,
+    )
 
     die_with_parent(args.parent_pid)
+    close_inherited_fds(keep=(args.fd,))  # Note [what a worker inherits]
+    become_subreaper()  # Note [leftovers]
     preloaded = _preload([m for m in args.preload.split(",") if m])
     warmed = warm_up(preloaded)
     _worker_parser()

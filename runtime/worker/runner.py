@@ -51,7 +51,9 @@ from trims.runtime.worker.results import check_outputs, to_reply
 from trims.runtime.worker.sandbox import (
     Confinement,
     apply_memory_limit,
+    close_inherited_fds,
     confine,
+    end_children,
     verify_unprivileged,
 )
 from trims.runtime.worker.server import ListenAddress, WorkerServer
@@ -513,6 +515,9 @@ def run_worker(settings: WorkerSettings, prestarted: Prestarted | None = None) -
     # Telemetry is set up before the drop too: the exporter imports its transport lazily.
     PHASES.mark("main")
     preimport(WORKER_MODULES + (TRACING_MODULES if settings.otlp_endpoint else ()))
+    if prestarted is None:
+        # A pooled worker did this before it made its loop (Note [what a worker inherits]).
+        close_inherited_fds()
     setup_logging(os.environ.get("TRIMS_LOG_LEVEL", "INFO"))
     if settings.otlp_endpoint:
         setup_tracing(f"trims-worker-{settings.spec.name}", settings.otlp_endpoint)
@@ -534,6 +539,7 @@ def run_worker(settings: WorkerSettings, prestarted: Prestarted | None = None) -
         with asyncio.Runner(loop_factory=_loop_factory(prestarted)) as runner:
             return runner.run(_serve(settings, store[0] if store else None, dropped_to))
     finally:
+        end_children()  # Note [an instance's processes end with it]
         # The caller leaves with os._exit (a hung handler thread must not block the exit), so
         # batched spans would be lost without this flush.
         flush = getattr(trace.get_tracer_provider(), "force_flush", None)

@@ -19,10 +19,41 @@ runtime's modules (:mod:`trims.runtime.worker.imports`). After the drop the work
 (:func:`verify_unprivileged`): not uid/gid 0, no root group, ``setuid(0)`` refused, no
 effective or permitted capabilities, and the store's admin socket refuses it; if any of these
 holds the instance fails to start, before any function code is imported.
+
+Note [what a worker inherits]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A worker starts with nothing of its parents' but what it was handed: its environment is
+written down (Note [worker environment] in :mod:`trims.runtime.executors.base`), and before
+the drop every descriptor but stdin, stdout, stderr (the instance's log) and the few a pooled
+worker was handed is pointed at /dev/null (:func:`close_inherited_fds`); the zygote does the
+same when it starts, keeping its socket to the executor. ``close_fds`` does not hold under
+uvloop, the gateway's loop: a process it spawns inherits every inheritable descriptor of the
+gateway and copies of its own stdin, stdout and stderr (the gateway's log, held by every
+worker until this). A root zygote's imports open files too: ONNX Runtime opens its telemetry
+database in root's home read-write at import. Descriptors are replaced rather than closed: a
+library still holding the number then reads end-of-file and writes nowhere, where a closed
+number, reused by the worker's next socket, would send the library's writes into it.
+
+Note [an instance's processes end with it]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Function code may start processes, and a double fork with ``setsid`` leaves its worker's
+process group and parentage: such a process outlived its instance and its function, still
+holding a store connection and a model's mapping. Every worker is therefore a child subreaper
+(``PR_SET_CHILD_SUBREAPER``, set by :func:`confine`): whatever its descendants orphan is
+reparented to the worker, never to init, so the function's processes are always the worker's
+descendants while it lives. When the worker ends it kills them (:func:`end_children`, from
+``run_worker``). A worker that cannot (killed, out of memory, crashed) hands its children to
+the next subreaper up: the zygote is one too, and kills every child that is not a worker
+(:mod:`trims.runtime.executors.zygote`, Note [leftovers]); a spawned worker's executor kills
+the worker's descendants before it kills the worker (:func:`kill_descendants`). Works
+unprivileged (no cgroup to create), with and without the zygote. Not covered: a spawned worker
+that dies on its own, and the zygote's own SIGKILL (the gateway killed): their orphans go to
+init.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -31,7 +62,7 @@ import resource
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
+_PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
 #: Users function code runs as when a root worker is given none; the first that exists wins.
 DEFAULT_USERS = ("trims", "nobody")
@@ -235,6 +267,7 @@ def confine(c: Confinement, before_drop: Callable[[], None] | None = None) -> st
     Returns the user the process dropped to (None: it kept its own, non-root, user).
     """
     run_as = effective_run_as(c.run_as)
+    become_subreaper()
     if c.memory_bytes is not None:
         apply_memory_limit(c.memory_bytes, c.threads)
     if before_drop is not None:
@@ -243,3 +276,104 @@ def confine(c: Confinement, before_drop: Callable[[], None] | None = None) -> st
     if c.parent_pid is not None:
         die_with_parent(c.parent_pid)
     return run_as if dropped else None
+
+
+def close_inherited_fds(keep: Collection[int] = ()) -> None:
+    """Point every descriptor but 0, 1, 2 and ``keep`` at /dev/null (Note [what a worker
+    inherits])."""
+    keep = {0, 1, 2, *keep}
+    # listdir's own descriptor is in the listing and closed by the time it returns: skipped
+    # as not open (EBADF), like any number that closed since.
+    found = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) not in keep]
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for fd in found:
+            if fd != null:
+                with contextlib.suppress(OSError):
+                    os.fstat(fd)
+                    os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
+def become_subreaper() -> None:
+    """Orphans among this process's descendants become its children, not init's (Note [an
+    instance's processes end with it])."""
+    if _prctl(_PR_SET_CHILD_SUBREAPER, 1) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def children_of(pid: int) -> set[int]:
+    """The pids whose parent is ``pid`` (orphans it adopted as a subreaper included)."""
+    found: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(child) for child in f.read().split())
+    except FileNotFoundError:
+        # A kernel without CONFIG_PROC_CHILDREN (or a thread that just ended): every
+        # process's parent, from its stat line.
+        return _children_by_stat(pid)
+    return found
+
+
+def _children_by_stat(pid: int) -> set[int]:
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+#: Rounds of killing a process tree: each round kills what the last one orphaned or what was
+#: forked while it ran; a tree that still grows after this many is left to the next subreaper.
+_KILL_ROUNDS = 50
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every running descendant of ``pid`` (a live subreaper: what its killed children
+    orphan comes back to it, and the next round kills that)."""
+    for _ in range(_KILL_ROUNDS):
+        tree, todo = [], [pid]
+        while todo:
+            for child in children_of(todo.pop()):
+                tree.append(child)
+                todo.append(child)
+        running = [p for p in tree if _running(p)]
+        if not running:
+            return
+        for p in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+
+
+def end_children(keep: Collection[int] = ()) -> None:
+    """In a subreaper: kill and reap every child but ``keep`` until none is left (killing one
+    hands its own children to this process)."""
+    me = os.getpid()
+    for _ in range(_KILL_ROUNDS):
+        children = children_of(me).difference(keep)
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
