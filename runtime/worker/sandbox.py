@@ -41,14 +41,16 @@ process group and parentage: such a process outlived its instance and its functi
 holding a store connection and a model's mapping. Every worker is therefore a child subreaper
 (``PR_SET_CHILD_SUBREAPER``, set by :func:`confine`): whatever its descendants orphan is
 reparented to the worker, never to init, so the function's processes are always the worker's
-descendants while it lives. When the worker ends it kills them (:func:`end_children`, from
-``run_worker``). A worker that cannot (killed, out of memory, crashed) hands its children to
-the next subreaper up: the zygote is one too, and kills every child that is not a worker
-(:mod:`trims.runtime.executors.zygote`, Note [leftovers]); a spawned worker's executor kills
-the worker's descendants before it kills the worker (:func:`kill_descendants`). Works
-unprivileged (no cgroup to create), with and without the zygote. Not covered: a spawned worker
-that dies on its own, and the zygote's own SIGKILL (the gateway killed): their orphans go to
-init.
+descendants while it lives (one that ends before its worker stays a zombie of it, a pid
+and no memory, until the worker ends: reaping with ``waitpid(-1)`` would steal the exit
+status of a process the function waits for). When the worker ends it kills them
+(:func:`end_children`, from ``run_worker``). A worker that cannot (killed, out of memory,
+crashed) hands its children to the next subreaper up: the zygote is one too, and kills every
+child that is not a worker (:mod:`trims.runtime.executors.zygote`, Note [leftovers]); a
+spawned worker's executor kills the worker's descendants before it kills the worker
+(:func:`kill_descendants`). Works unprivileged (no cgroup to create), with and without the
+zygote. Not covered: a spawned worker that dies on its own, and the zygote's own SIGKILL (the
+gateway killed): their orphans go to init.
 """
 
 from __future__ import annotations
