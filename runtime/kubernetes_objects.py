@@ -3,12 +3,16 @@ both run, the executor's settings, and the labels that find pods again.
 
 Plain dicts, no client call: the executor (:mod:`trims.runtime.executors.kubernetes`) creates
 one Pod per instance from :func:`pod_manifest`; the operator (:mod:`trims.operators`) builds a
-Deployment from :func:`function_pod_template`. Every pod runs as a non-root user with all
-capabilities dropped, no privilege escalation, the runtime's default seccomp profile and a
-read-only root filesystem; it is scheduled only onto nodes where a daemon pod runs (required pod
-affinity on the daemon's labels) and gets the node's store socket through a hostPath mount of
-the socket file alone. CPU, memory and GPU (``nvidia.com/gpu``) requests and limits come from
-the spec.
+Deployment from :func:`function_pod_template`. Every pod runs as its function's own non-root
+uid and group (Note [one uid per function] in :mod:`trims.runtime.executors.function_uids`: the
+store's per-uid limits and access lists then tell functions apart), with the store socket's
+group as a supplementary one, all capabilities dropped, no privilege escalation, the runtime's
+default seccomp profile and a read-only root filesystem; it is scheduled only onto nodes where
+a daemon pod runs (required pod affinity on the daemon's labels) and gets the node's store
+socket through a hostPath mount of the socket file alone. CPU, memory and GPU
+(``nvidia.com/gpu``) requests and limits come from the spec. Its environment is
+:data:`WORKER_ENV_DEFAULTS`, the settings' ``env``, the spec's ``env`` and the store socket's
+path: never anything of the gateway's or the operator's own environment.
 
 This module is part of the runtime's public API (the operator imports it); the executor's pod
 lifecycle stays in the executor.
@@ -25,6 +29,12 @@ from typing import Any
 
 from trims.config import parse_size
 from trims.errors import ValidationError
+from trims.runtime.executors.function_uids import (
+    DEFAULT_UID_BASE,
+    DEFAULT_UID_COUNT,
+    check_uid_range,
+    function_uid,
+)
 from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec
 
 __all__ = [
@@ -36,6 +46,7 @@ __all__ = [
     "LABEL_INSTANCE",
     "LABEL_MANAGED_BY",
     "LABEL_NAME",
+    "RESERVED_UIDS",
     "RUNTIME_UID",
     "WORKER_PORT",
     "KubernetesExecutorSettings",
@@ -58,7 +69,11 @@ DAEMON_POD_LABELS: Mapping[str, str] = MappingProxyType(
 
 CONTAINER_STORE_SOCKET = "/run/trims/store.sock"
 WORKER_PORT = 7070
+#: The image's trims user, which the chart's daemon, gateway and operator run as; no function
+#: pod gets it (Note [one uid per function]).
 RUNTIME_UID = 10001
+#: Uids no function pod runs as, whatever the range (Note [one uid per function]).
+RESERVED_UIDS = frozenset({0, RUNTIME_UID})
 _DNS_RE = re.compile(r"[^a-z0-9-]+")
 
 
@@ -80,6 +95,11 @@ class KubernetesExecutorSettings:
     store_socket: str = "/run/trims/store.sock"
     #: Group that may connect to the store socket (the daemon's --socket-group gid).
     store_group: int = RUNTIME_UID
+    #: First uid of the functions' own (Note [one uid per function]); the range must hold no
+    #: uid of the daemon (the chart's runAsUser) or of anyone else on the nodes.
+    uid_base: int = DEFAULT_UID_BASE
+    #: How many uids from ``uid_base`` the functions draw from.
+    uid_count: int = DEFAULT_UID_COUNT
     #: Node labels the daemon DaemonSet selects on; function pods select the same nodes.
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Labels of the daemon pods; a function pod requires one on its node (pod affinity).
@@ -108,6 +128,7 @@ class KubernetesExecutorSettings:
             )
         if not 0 < self.port < 65536:
             raise ValidationError(f"kubernetes executor: port {self.port} is out of range")
+        check_uid_range(self.uid_base, self.uid_count, "kubernetes executor")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KubernetesExecutorSettings:
@@ -122,7 +143,12 @@ class KubernetesExecutorSettings:
         ):
             if env.get(var):
                 kwargs[key] = env[var]
-        for key, var in (("store_group", "TRIMS_K8S_STORE_GROUP"), ("port", "TRIMS_K8S_PORT")):
+        for key, var in (
+            ("store_group", "TRIMS_K8S_STORE_GROUP"),
+            ("port", "TRIMS_K8S_PORT"),
+            ("uid_base", "TRIMS_K8S_UID_BASE"),
+            ("uid_count", "TRIMS_K8S_UID_COUNT"),
+        ):
             if env.get(var):
                 kwargs[key] = _int_var(env, var)
         if env.get("TRIMS_K8S_MEMORY_OVERHEAD"):
@@ -184,11 +210,18 @@ def function_pod_template(
     *,
     labels: Mapping[str, str],
     instance_id: str | None = None,
+    uid: int | None = None,
 ) -> dict[str, Any]:
     """The pod ``metadata`` + ``spec`` that runs one worker of ``spec`` (for pods and Deployments).
 
-    ``instance_id`` None: the worker names itself (a Deployment's replicas).
+    ``instance_id`` None: the worker names itself (a Deployment's replicas). ``uid``: the uid
+    and gid it runs as; None: the one from the function's name (what a Deployment, which no
+    executor tracks, gets).
     """
+    if uid is None:
+        uid = function_uid(
+            spec.name, settings.uid_base, settings.uid_count, held={}, reserved=RESERVED_UIDS
+        )
     argv = [
         "worker",
         "--listen", f"tcp:0.0.0.0:{settings.port}",
@@ -198,6 +231,7 @@ def function_pod_template(
     if instance_id is not None:
         argv += ["--instance-id", instance_id]
     # Note [passive OpenMP threads]: the defaults first, so settings and the spec override them.
+    # Never anything from os.environ: the gateway's secrets must not reach function code.
     store = {"TRIMS_SOCKET": CONTAINER_STORE_SOCKET}
     env = {**WORKER_ENV_DEFAULTS, **settings.env, **spec.env, **store}
     container: dict[str, Any] = {
@@ -230,8 +264,8 @@ def function_pod_template(
         "terminationGracePeriodSeconds": settings.termination_grace_s,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": RUNTIME_UID,
-            "runAsGroup": RUNTIME_UID,
+            "runAsUser": uid,
+            "runAsGroup": uid,
             "supplementalGroups": [settings.store_group],
             "seccompProfile": {"type": "RuntimeDefault"},
         },
@@ -271,8 +305,10 @@ def pod_manifest(
     *,
     namespace: str,
     executor_id: str,
+    uid: int | None = None,
 ) -> dict[str, Any]:
-    """The Pod object the executor creates for one instance."""
+    """The Pod object the executor creates for one instance, running as ``uid`` (None: the one
+    from the function's name)."""
     labels = {
         **settings.labels,
         LABEL_NAME: "trims",
@@ -282,7 +318,9 @@ def pod_manifest(
         LABEL_INSTANCE: dns_name(instance_id),
         LABEL_EXECUTOR: executor_id,
     }
-    template = function_pod_template(spec, settings, labels=labels, instance_id=instance_id)
+    template = function_pod_template(
+        spec, settings, labels=labels, instance_id=instance_id, uid=uid
+    )
     pod_spec = template["spec"]
     pod_spec["restartPolicy"] = "Never"
     return {

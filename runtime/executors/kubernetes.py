@@ -7,8 +7,10 @@ store socket from the node through a hostPath mount of the socket file alone (th
 beside it stays out of reach). Weights arrive as file descriptors over that socket, so the pod
 needs no host IPC namespace.
 
-Every pod runs as a non-root user with all capabilities dropped, no privilege escalation, the
-runtime's default seccomp profile and a read-only root filesystem; CPU, memory and GPU
+Every pod runs as its function's own non-root uid (Note [one uid per function] in
+:mod:`trims.runtime.executors.function_uids`: its name's, past the uids of the other functions
+this executor runs) with all capabilities dropped, no privilege escalation, the runtime's
+default seccomp profile and a read-only root filesystem; CPU, memory and GPU
 (``nvidia.com/gpu``) requests and limits come from the spec. Labels (:data:`LABEL_EXECUTOR`, ...)
 find the pods again; ``close()`` deletes every pod this executor made.
 
@@ -49,9 +51,11 @@ from trims.runtime.executors.base import (
     call_in_thread,
     refuse_environment,
 )
+from trims.runtime.executors.function_uids import FunctionUids
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.kubernetes_objects import (
     LABEL_EXECUTOR,
+    RESERVED_UIDS,
     KubernetesExecutorSettings,
     pod_manifest,
 )
@@ -172,11 +176,18 @@ class KubernetesInstance(WorkerInstance):
     exit_reason: str | None
 
     def __init__(
-        self, instance_id: str, spec: FunctionSpec, pod_name: str, executor: KubernetesExecutor
+        self,
+        instance_id: str,
+        spec: FunctionSpec,
+        pod_name: str,
+        executor: KubernetesExecutor,
+        uid: int,
     ) -> None:
         super().__init__(instance_id, spec.name, "kubernetes")
         self.spec = spec
         self.pod_name = pod_name
+        #: The uid the pod runs as (Note [one uid per function]).
+        self.uid = uid
         self.pod_ip: str | None = None
         #: Why the scheduler has not placed the pod yet (None once it is placed).
         self.pending: str | None = None
@@ -269,9 +280,15 @@ class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
         self._api_client = api_client
         self._core: Any = None
         super().__init__()
+        self._uids = FunctionUids(settings.uid_base, settings.uid_count)
         self.namespace = settings.namespace or _own_namespace()
         #: pod name -> instance, for the watch's events.
         self._by_pod: dict[str, KubernetesInstance] = {}
+        #: pod name -> its last watch event's pod (None: deleted), for pods whose create call
+        #: has not returned yet: the watch can report a pod before that, and its instance
+        #: would otherwise miss the event (its IP, say) until the next relist. ``start`` takes
+        #: the entry; only a create that failed on the client after the pod was made leaves one.
+        self._early: dict[str, Mapping[str, Any] | None] = {}
         self._watch: _PodWatch | None = None
 
     @property
@@ -306,33 +323,45 @@ class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
         it cannot start."""
         refuse_environment(spec, self.name)
 
-    def manifest(self, spec: FunctionSpec, instance_id: str) -> dict[str, Any]:
+    def manifest(self, spec: FunctionSpec, instance_id: str, uid: int) -> dict[str, Any]:
         return pod_manifest(
-            spec, instance_id, self.settings, namespace=self.namespace, executor_id=self.id
+            spec, instance_id, self.settings, namespace=self.namespace, executor_id=self.id, uid=uid
         )
+
+    def _running(self) -> list[tuple[str, int]]:
+        return [(i.function, i.uid) for i in self._instances.values()]
 
     async def start(self, spec: FunctionSpec, instance_id: str) -> Instance:
         self._check_start(instance_id)
-        body = self.manifest(spec, instance_id)
-        name = body["metadata"]["name"]
-        await _call(
-            f"create pod {name} for {spec.name}",
-            self.core_api.create_namespaced_pod,
-            self.namespace,
-            body,
-        )
-        instance = self._track(KubernetesInstance(instance_id, spec, name, self))
+        with self._uids.starting(spec.name, instance_id, self._running(), RESERVED_UIDS) as uid:
+            body = self.manifest(spec, instance_id, uid)
+            name = body["metadata"]["name"]
+            await _call(
+                f"create pod {name} for {spec.name}",
+                self.core_api.create_namespaced_pod,
+                self.namespace,
+                body,
+            )
+            instance = self._track(KubernetesInstance(instance_id, spec, name, self, uid))
         self._by_pod[name] = instance
+        if name in self._early:
+            early = self._early.pop(name)
+            if early is None:
+                instance._end("pod was deleted")
+            else:
+                instance.update(early)
         if self._watch is None:
             self._watch = _PodWatch(self, asyncio.get_running_loop())
-        log.debug("instance %s of %s: pod %s created", instance_id, spec.name, name)
+        log.debug("instance %s of %s: pod %s created (uid %d)", instance_id, spec.name, name, uid)
         return instance
 
     def _pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
-        """One watch event (in the loop): the pod's instance learns of it."""
+        """One watch event (in the loop): the pod's instance learns of it, at once or, for a
+        pod whose create call has not returned yet, when ``start`` has its instance."""
         name = str((pod.get("metadata") or {}).get("name", ""))
         instance = self._by_pod.get(name)
         if instance is None:
+            self._early[name] = None if kind == "DELETED" else pod
             return
         if kind == "DELETED":
             instance._end("pod was deleted")
@@ -357,6 +386,7 @@ class KubernetesExecutor(ExecutorBase[KubernetesInstance]):
             self._watch.stop()
             self._watch = None
         self._by_pod.clear()
+        self._early.clear()
         if self._core is not None and self._api_client is None:
             self._core.api_client.close()
         self._core = None

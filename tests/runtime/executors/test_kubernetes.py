@@ -16,16 +16,18 @@ import pytest
 
 from tests.fixtures.net import free_port
 from trims.config import format_size
-from trims.errors import UpstreamError, ValidationError
+from trims.errors import Unavailable, UpstreamError, ValidationError
 from trims.runtime.executors.kubernetes import describe_pod_end, pending_reason
-from trims.runtime.functions.spec import FunctionSpec, parse_spec
+from trims.runtime.functions.spec import WORKER_ENV_DEFAULTS, FunctionSpec, parse_spec
 from trims.runtime.kubernetes_objects import (
     CONTAINER_STORE_SOCKET,
     DAEMON_POD_LABELS,
     LABEL_EXECUTOR,
     LABEL_FUNCTION,
+    RUNTIME_UID,
     KubernetesExecutorSettings,
     dns_name,
+    function_pod_template,
     pod_manifest,
 )
 
@@ -97,6 +99,39 @@ def test_pod_is_valid_and_confined(case: str) -> None:
     assert args[args.index("--instance-id") + 1] == "Inst_1"
 
 
+def _pod_ids(pod: dict[str, Any]) -> tuple[int, int]:
+    context = pod["spec"]["securityContext"]
+    return context["runAsUser"], context["runAsGroup"]
+
+
+def test_each_function_runs_as_its_own_uid_and_group() -> None:
+    """Note [one uid per function]: the store's per-uid limits tell functions apart; the
+    uid comes from the name, so the operator's Deployments get the executor's."""
+    settings = KubernetesExecutorSettings()
+    pods = {
+        case: pod_manifest(parse_spec(SPECS[case]), "i1", settings, namespace="f", executor_id="e")
+        for case in sorted(SPECS)
+    }
+    for pod in pods.values():
+        validate(pod)
+    ids = {case: _pod_ids(pod) for case, pod in pods.items()}
+    assert len(set(ids.values())) == len(SPECS)
+    for uid, gid in ids.values():
+        assert uid == gid and settings.uid_base <= uid < settings.uid_base + settings.uid_count
+        assert uid not in (0, RUNTIME_UID)
+    again = pod_manifest(
+        parse_spec(SPECS["minimal"]), "i2", settings, namespace="f", executor_id="x"
+    )
+    assert _pod_ids(again) == ids["minimal"]
+    template = function_pod_template(parse_spec(SPECS["minimal"]), settings, labels={})
+    assert _pod_ids(template) == ids["minimal"]
+    # the chart's own uid (the daemon's) is never a function's, even inside the range
+    narrow = KubernetesExecutorSettings(uid_base=RUNTIME_UID, uid_count=2)
+    for case in SPECS:
+        pod = pod_manifest(parse_spec(SPECS[case]), "i1", narrow, namespace="f", executor_id="e")
+        assert _pod_ids(pod) == (RUNTIME_UID + 1, RUNTIME_UID + 1)
+
+
 def test_resources_become_requests_and_limits() -> None:
     spec = parse_spec(SPECS["limits"])
     settings = KubernetesExecutorSettings(memory_overhead_bytes=256 << 20)
@@ -135,8 +170,11 @@ def test_settings_from_the_chart_environment() -> None:
             "TRIMS_K8S_NODE_SELECTOR": '{"trims.io/node": "true"}',
             "TRIMS_K8S_PORT": "7171",
             "TRIMS_K8S_MEMORY_OVERHEAD": "128Mi",
+            "TRIMS_K8S_UID_BASE": "300000",
+            "TRIMS_K8S_UID_COUNT": "1000",
         }
     )
+    assert (settings.uid_base, settings.uid_count) == (300_000, 1000)
     assert settings.namespace == "trims" and settings.image == "trims-runtime:1"
     assert (settings.store_socket, settings.store_group, settings.port) == (
         "/run/x/store.sock",
@@ -214,6 +252,8 @@ def test_bad_settings_are_refused() -> None:
         KubernetesExecutorSettings(image_pull_policy="Sometimes")
     with pytest.raises(ValidationError, match="port"):
         KubernetesExecutorSettings(port=0)
+    with pytest.raises(ValidationError, match="uid_base 0"):
+        KubernetesExecutorSettings(uid_base=0)
 
 
 # -- the executor through the real kubernetes client, against tests/fixtures/kube_api.py ---------
@@ -253,6 +293,74 @@ async def test_instance_runs_in_a_pod_answers_and_is_deleted(
     # the watch can report the worker's exit before the API drops the deleted pod
     assert kube_api.wait_pods_gone() == {}
     await executor.close()
+
+
+async def test_functions_an_executor_runs_at_once_never_share_a_uid(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    """Two uids in the range: two functions take both, a third gets none; the instances of
+    one function share its uid."""
+    executor = _executor(kube_api, uid_base=400_000, uid_count=2)
+    try:
+        instances = [
+            await executor.start(make_function(UP, name="first"), "first-1"),
+            await executor.start(make_function(UP, name="first"), "first-2"),
+            await executor.start(make_function(UP, name="second"), "second-1"),
+        ]
+        for instance in instances:  # the executor's watch has seen each pod: close() is quick
+            await instance.wait_ready(20)
+        uids = {
+            name: _pod_ids(kube_api.pods[("fns", f"trims-{name}")].body)[0]
+            for name in ("first-first-1", "first-first-2", "second-second-1")
+        }
+        assert uids["first-first-1"] == uids["first-first-2"] != uids["second-second-1"]
+        assert set(uids.values()) == {400_000, 400_001}
+        with pytest.raises(Unavailable, match="raise uid_count"):
+            await executor.start(make_function(UP, name="third"), "third-1")
+        assert ("fns", "trims-third-third-1") not in kube_api.pods
+    finally:
+        await executor.close()
+
+
+async def test_a_pod_the_watch_reports_before_its_create_call_returns_gets_its_ip(
+    kube_api: Any, make_function: Callable[..., FunctionSpec]
+) -> None:
+    """The executor's watch can see a pod (ADDED, with its IP) before the create call that
+    made it returns; that event reaches the instance, which does not wait for the relist a
+    watch round (60 s) later."""
+    executor = _executor(kube_api)
+    try:
+        instances = [
+            await executor.start(make_function(UP, name=f"quick{n}"), f"quick{n}-1")
+            for n in range(4)
+        ]
+        for instance in instances:
+            await instance.wait_ready(20)
+    finally:
+        await executor.close()
+
+
+async def test_a_pod_gets_nothing_of_the_gateways_environment(
+    kube_api: Any, make_function: Callable[..., FunctionSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, finding 2: a pod's env is the defaults, the settings' and the spec's env and
+    the store socket's path; the gateway's tokens never reach it."""
+    monkeypatch.setenv("TRIMS_GATEWAY_TOKENS", "admin-secret:admin")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "gateway-only")
+    executor = _executor(kube_api, env={"FROM_SETTINGS": "1"})
+    try:
+        await executor.start(make_function(UP, name="env", env={"FROM_SPEC": "2"}), "env-1")
+        body = kube_api.pods[("fns", "trims-env-env-1")].body
+        validate(body)
+        (container,) = body["spec"]["containers"]
+        assert {e["name"] for e in container["env"]} == {
+            *WORKER_ENV_DEFAULTS,
+            "FROM_SETTINGS",
+            "FROM_SPEC",
+            "TRIMS_SOCKET",
+        }
+    finally:
+        await executor.close()
 
 
 async def test_crashed_pod_reports_why(
