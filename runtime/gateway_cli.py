@@ -96,7 +96,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-connections-per-peer",
         type=int,
         default=256,
-        help="open connections one client address may hold; more are answered 503",
+        help="open connections one local user (on loopback) or one client address (else) may "
+        "hold; more are answered 503",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="open connections in all; more are answered 503",
+    )
+    parser.add_argument(
+        "--reserved-connections",
+        type=int,
+        help="of --max-connections, how many only connections that have sent a complete "
+        "request head may hold (default: a quarter); connections still sending theirs share "
+        "the rest",
     )
     parser.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds SIGTERM waits for requests"
@@ -205,6 +219,8 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         max_connections_per_peer=args.max_connections_per_peer,
+        max_connections=args.max_connections,
+        reserved_connections=args.reserved_connections,
         state_dir=args.state_dir,
         drain_timeout_s=args.drain_timeout,
         instance_limit=args.instance_limit,

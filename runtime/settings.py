@@ -154,12 +154,20 @@ class GatewaySettings:
     body_timeout_s: float = 30.0
     #: Seconds an idle kept-alive connection stays open (aiohttp's keepalive timeout).
     keepalive_timeout_s: float = 75.0
-    #: Most open connections from one peer address; more are answered 503 and closed, so one
-    #: client cannot take every file descriptor. 256: room for a proxy or a load generator in
-    #: front of the gateway, far below ``max_connections`` and the usual fd limit.
+    #: Most open connections from one peer: one local user on loopback (every address of it,
+    #: told by the kernel; see ``runtime/gateway/peer_cred.py``), else one address; more are
+    #: answered 503 and closed, so one client cannot take every file descriptor, and one local
+    #: user cannot take another's. 256: room for a proxy or a load generator in front of the
+    #: gateway, far below ``max_connections`` and the usual fd limit.
     max_connections_per_peer: int = 256
     #: Most open connections in all; more are answered 503 and closed.
     max_connections: int = 4096
+    #: Of ``max_connections``, how many only connections that have sent a complete request
+    #: head may hold: connections still sending their first head (slowloris holds them there)
+    #: share the rest, and a newcomer that finds that share full closes the oldest such
+    #: connection of the peer holding the most, rather than being refused. None: a quarter of
+    #: ``max_connections`` (1024 of the default 4096), room for the requests being served.
+    reserved_connections: int | None = None
     #: Log one line per request (aiohttp access log). Off by default: it costs throughput.
     access_log: bool = False
     #: Answer plain invocations below aiohttp's web layer (Note [invoke fast path] in
@@ -204,6 +212,12 @@ class GatewaySettings:
                 raise ValidationError(f"{what} must be > 0 seconds, got {value}")
         if self.max_connections_per_peer < 1 or self.max_connections < 1:
             raise ValidationError("connection limits must be at least 1")
+        if not 0 <= self.connections_reserved < self.max_connections:
+            raise ValidationError(
+                f"reserved connections ({self.connections_reserved}) must be at least 0 and "
+                f"below max connections ({self.max_connections}), which leaves room for "
+                "connections still sending their request head"
+            )
         for root in self.code_roots:
             if not root.is_absolute():
                 raise ValidationError(f"code root {root} must be an absolute path")
@@ -211,6 +225,13 @@ class GatewaySettings:
     @property
     def auth_enabled(self) -> bool:
         return self.auth
+
+    @property
+    def connections_reserved(self) -> int:
+        """``reserved_connections``, its default worked out."""
+        if self.reserved_connections is None:
+            return self.max_connections // 4
+        return self.reserved_connections
 
 
 def is_loopback(host: str) -> bool:

@@ -2,21 +2,23 @@
 
 System shared memory (see :mod:`trims.runtime.gateway.oip_shm`)::
 
-    GET  /v2/systemsharedmemory/status                     this token's regions
+    GET  /v2/systemsharedmemory/status                     this caller's regions
     GET  /v2/systemsharedmemory/region/{region}/status     one of them
     POST /v2/systemsharedmemory/region/{region}/register   {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory/region/{region}/unregister
-    POST /v2/systemsharedmemory/unregister                 all of this token's regions
+    POST /v2/systemsharedmemory/unregister                 all of this caller's regions
 
-They need a token that may invoke (``admin``, ``invoke:*`` or ``invoke:<function>``): regions
-are only good for infer. They answer loopback callers only: a client elsewhere cannot share
-memory with this host; and a caller may register only objects its own local user owns (Note
-[region owners] in ``oip_shm``).
+They need a caller that may invoke (a token with ``admin``, ``invoke:*`` or
+``invoke:<function>``, or no token where anonymous callers may invoke): regions are only good
+for infer. They answer loopback callers only: a client elsewhere cannot share memory with this
+host. A region belongs to its caller, the token or, without one, the local user
+(:func:`owner_of`); a caller may register only objects its own local user owns (Note [region
+owners] in ``oip_shm``).
 
 CUDA shared memory (see :mod:`trims.runtime.gateway.oip_cuda_shm`), the same routes under
 ``/v2/cudasharedmemory``, registering ``{"raw_handle": {"b64"}, "device_id", "byte_size"}``:
 on a host without a CUDA driver a registration answers 400 saying so (400, not 501: what the
-caller should change is the request). A region name is one namespace per token across both
+caller should change is the request). A region name is one namespace per owner across both
 kinds; infer finds a region by its name in either.
 """
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import ipaddress
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +35,7 @@ from trims.runtime.gateway.context import auth_of, json_response, read_json
 from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
 from trims.runtime.gateway.oip_regions import OwnedRegions
 from trims.runtime.gateway.oip_shm import SharedMemoryRegistry
-from trims.runtime.gateway.peer_cred import peer_uid
+from trims.runtime.gateway.peer_cred import is_loopback, peer_uid
 from trims.runtime.gateway.tensors import ShmRef
 
 __all__ = ["SHM", "SharedMemory", "add_routes", "cuda_available", "owner_of", "registry_of"]
@@ -81,37 +82,23 @@ def cuda_available() -> bool:
 
 
 def owner_of(request: web.Request) -> str:
-    """Who owns the regions a request names: its token ("" when authentication is off)."""
-    token = auth_of(request).authenticate(request)
-    return "" if token is None else token.name
+    """Who owns the regions a request registers or names (Note [region owners] in
+    ``oip_shm``): ``token:<name>`` for a caller with a token, ``uid:<n>`` for a caller
+    without one (or any caller with authentication off), ``n`` its local user. Routes and
+    infer ask this one function.
 
-
-def _is_local(remote: str) -> bool:
-    """A loopback address (IPv4-mapped ones too), or "" for a Unix socket: the same host."""
-    if remote == "":
-        return True
-    try:
-        address = ipaddress.ip_address(remote.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped.is_loopback
-    return address.is_loopback
-
-
-def _require_local_invoker(request: web.Request) -> str:
-    """The owner of a shared-memory request from a loopback caller that may invoke."""
+    Refuses a caller not on this host, a token that may not invoke, and a caller without a
+    token whose local user the kernel does not say.
+    """
     remote = request.remote or ""
-    if not _is_local(remote):
+    if not is_loopback(remote):
         raise PermissionDenied(
             f"shared memory is only for clients on the gateway's host, and {remote} is not a "
             "loopback address; send tensors in the request body instead"
         )
     auth = auth_of(request)
     token = auth.authenticate(request)
-    if token is None:
-        return ""
-    if not any(s == "admin" or s.startswith("invoke:") for s in token.scopes):
+    if token is not None and not any(s == "admin" or s.startswith("invoke:") for s in token.scopes):
         if "Authorization" not in request.headers:
             raise Unauthorized(
                 "shared memory needs a token that may invoke a function: send it as "
@@ -120,7 +107,16 @@ def _require_local_invoker(request: web.Request) -> str:
         raise PermissionDenied(
             f"token {token.name!r} may not invoke any function, so it may not use shared memory"
         )
-    return token.name
+    if token is not None and not auth.is_anonymous(token):
+        return f"token:{token.name}"
+    uid = peer_uid(request.transport)
+    if uid is None:
+        raise PermissionDenied(
+            "the gateway cannot tell which local user is calling, and shared-memory regions of "
+            "a caller without a token belong to its local user; connect over loopback TCP, or "
+            "send a token that may invoke ('Authorization: Bearer <token>')"
+        )
+    return f"uid:{uid}"
 
 
 #: The path part and the registry attribute of each kind of region.
@@ -135,23 +131,23 @@ def _regions(request: web.Request) -> OwnedRegions[Any]:
 
 
 def _name_free(request: web.Request, owner: str, name: str) -> None:
-    """A region name is one region across both kinds, per token."""
+    """A region name is one region across both kinds, per owner."""
     shm = registry_of(request)
     for other in (shm.system, shm.cuda):
         if other is not _regions(request) and other.has(owner, name):
             raise RequestError(
-                f"region name {name!r} is a {other.kind} region of this token; a name is one "
+                f"region name {name!r} is a {other.kind} region of this caller; a name is one "
                 "region across system and CUDA shared memory"
             )
 
 
 async def status(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
+    owner = owner_of(request)
     return json_response(_regions(request).status(owner, request.match_info.get("region")))
 
 
 async def register(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
+    owner = owner_of(request)
     doc = await read_json(request)
     name = request.match_info["region"]
     _name_free(request, owner, name)
@@ -171,7 +167,7 @@ async def register(request: web.Request) -> web.Response:
 
 
 async def unregister(request: web.Request) -> web.Response:
-    owner = _require_local_invoker(request)
+    owner = owner_of(request)
     name = request.match_info.get("region")
     if name is None:
         _regions(request).unregister_all(owner)

@@ -49,6 +49,11 @@ class Authenticator:
     def enabled(self) -> bool:
         return self._enabled
 
+    def is_anonymous(self, token: Token | None) -> bool:
+        """Whether :meth:`authenticate`'s answer stands for a caller without a token: the
+        anonymous token, or None (authentication off)."""
+        return token is None or token is self._anonymous
+
     def _missing(self, what: str) -> Unauthorized:
         where = (
             f"the admin token is in {self._token_file} (readable by the user running the gateway); "

@@ -5,10 +5,27 @@ that each send ``GET / HTTP/1.1\\r\\nX-a: `` and then a byte now and then (slowl
 file descriptors forever. :class:`GuardedTCPSite` binds like ``web.TCPSite`` but wraps each
 accepted connection's aiohttp protocol in a :class:`_GuardedProtocol` that
 
-* answers 503 and closes a connection beyond ``max_connections_per_peer`` open from one peer
-  address, or beyond ``max_connections`` in all, before aiohttp sees it;
+* answers 503 and closes a connection beyond ``max_connections_per_peer`` open from one peer,
+  before aiohttp sees it;
 * closes a connection whose first request head (up to the blank line) is not complete
   ``header_timeout_s`` after it was accepted.
+
+Note [connection peers]: a peer is a local user for a loopback connection (``uid 1000``: the
+kernel says who owns the caller's socket, asked once at accept, :mod:`.peer_cred`), else the
+caller's address. Every local user reaches the gateway from 127.0.0.1, and one loopback user
+may use all of 127.0.0.0/8: keyed by address, one user holding half-sent heads would take every
+other local user's share, and one user on 16 addresses the total. A loopback connection whose
+owner the kernel does not say counts under its address.
+
+Note [reserved connections]: of ``max_connections``, ``connections_reserved`` are only for
+connections that have sent a complete request head (those are being served); connections
+still sending their first head, the only kind a slowloris holds, share the rest. A newcomer
+that finds no room (that share full, or every connection taken) closes the oldest head-less
+connection of the peer holding the most head-less connections, if that peer holds more of them
+than the newcomer's own, and takes its place; otherwise it is refused with 503. So a client
+that sends its request at once is served however many head-less connections others hold, a
+connection being served is never closed for another, and peers evict only each other's
+excess, never a fair share.
 
 Later requests on a kept-alive connection fall under aiohttp's keepalive timeout (its timer
 is not reset by partial data), and a stalled body under the read helpers' stall timeout
@@ -31,9 +48,10 @@ from typing import Any, cast
 from aiohttp import web
 
 from trims.runtime.gateway.fastpath import HEAD_END, FastConnection, FastInvoke
+from trims.runtime.gateway.peer_cred import is_loopback, peer_uid
 from trims.runtime.settings import GatewaySettings
 
-__all__ = ["ConnectionGuard", "GuardedTCPSite"]
+__all__ = ["ConnectionGuard", "GuardedTCPSite", "peer_of"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +59,19 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 38\r\n\r\ntoo many connections; close some first\n"
 )
+
+
+def peer_of(transport: asyncio.BaseTransport) -> str:
+    """Whom a connection's limits count it under (Note [connection peers]): ``uid <n>`` on
+    loopback, else the peer's address."""
+    peername = transport.get_extra_info("peername")
+    address = str(peername[0]) if isinstance(peername, tuple) else ""
+    if not is_loopback(address):
+        return address
+    uid = peer_uid(transport)
+    if uid is None:
+        return address or "unix"
+    return f"uid {uid}"
 
 
 class ConnectionGuard:
@@ -56,30 +87,94 @@ class ConnectionGuard:
         self.keepalive_s = settings.keepalive_timeout_s
         self.per_peer = settings.max_connections_per_peer
         self.total = settings.max_connections
+        #: Most connections still sending their first request head (Note [reserved
+        #: connections]).
+        self.headless_cap = settings.max_connections - settings.connections_reserved
         self.fast = fast
+        #: Open connections by peer.
         self.open: Counter[str] = Counter()
+        #: Connections still sending their first request head, by peer, oldest first.
+        self.headless: dict[str, dict[_GuardedProtocol, None]] = {}
+        self.open_total = 0
+        self.headless_total = 0
         self.refused = 0
+        #: Head-less connections closed to make room for a newcomer.
+        self.evicted = 0
         self.timed_out = 0
         #: Connections the fast path gave to aiohttp.
         self.handed_over = 0
         #: Connections on the fast path now (closed at shutdown: aiohttp does not know them).
         self.fast_connections: set[FastConnection] = set()
 
-    def admit(self, peer: str) -> bool:
-        if self.open[peer] >= self.per_peer or sum(self.open.values()) >= self.total:
-            self.refused += 1
-            if self.refused == 1 or self.refused % 1000 == 0:
-                log.warning(
-                    "connection from %s refused with 503: %d open from it (limit %d), %d in "
-                    "all (limit %d); %d refused so far",
-                    peer, self.open[peer], self.per_peer, sum(self.open.values()), self.total,
-                    self.refused,
-                )  # fmt: skip
-            return False
+    def admit(self, connection: _GuardedProtocol, peer: str) -> bool:
+        """Count a new connection of ``peer`` (head-less), making room for it by closing
+        another peer's oldest head-less one where needed; False: refuse it."""
+        if self.open[peer] >= self.per_peer:
+            return self._refuse(peer, f"{self.open[peer]} open from it (limit {self.per_peer})")
+        if self.open_total >= self.total or self.headless_total >= self.headless_cap:
+            victim = self._victim(peer)
+            if victim is None:
+                return self._refuse(
+                    peer,
+                    f"{self.open_total} open in all (limit {self.total}), "
+                    f"{self.headless_total} still sending a request head (limit "
+                    f"{self.headless_cap}), none of another peer's to close",
+                )
+            self._evict(victim)
         self.open[peer] += 1
+        self.open_total += 1
+        self.headless.setdefault(peer, {})[connection] = None
+        self.headless_total += 1
         return True
 
-    def release(self, peer: str) -> None:
+    def _refuse(self, peer: str, why: str) -> bool:
+        self.refused += 1
+        if self.refused == 1 or self.refused % 1000 == 0:
+            log.warning(
+                "connection from %s refused with 503: %s; %d refused so far",
+                peer, why, self.refused,
+            )  # fmt: skip
+        return False
+
+    def _victim(self, peer: str) -> _GuardedProtocol | None:
+        """The oldest head-less connection of the peer holding the most, if that is more than
+        ``peer`` holds."""
+        if not self.headless:
+            return None
+        most = max(self.headless.values(), key=len)
+        if len(most) <= len(self.headless.get(peer, ())):
+            return None
+        return next(iter(most))
+
+    def _evict(self, victim: _GuardedProtocol) -> None:
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % 1000 == 0:
+            log.warning(
+                "connection from %s closed to make room: it had sent no complete request head "
+                "while its peer held the most such connections; %d closed so far",
+                victim.peer, self.evicted,
+            )  # fmt: skip
+        self.release(victim)
+        victim.abort()
+
+    def headed(self, connection: _GuardedProtocol) -> None:
+        """``connection`` sent its first complete request head."""
+        waiting = self.headless.get(connection.peer)
+        if waiting is None or connection not in waiting:
+            return
+        del waiting[connection]
+        self.headless_total -= 1
+        if not waiting:
+            del self.headless[connection.peer]
+
+    def release(self, connection: _GuardedProtocol) -> None:
+        """``connection`` is gone (or being closed); counting it again is a no-op."""
+        if not connection.counted:
+            return
+        connection.counted = False
+        self.headed(connection)
+        peer = connection.peer
+        self.open_total -= 1
         self.open[peer] -= 1
         if self.open[peer] <= 0:
             del self.open[peer]
@@ -102,7 +197,12 @@ class _GuardedProtocol(asyncio.Protocol):
         self._make_inner = make_inner
         self._inner: asyncio.Protocol | None = None
         self._fast: FastConnection | None = None
-        self._peer: str | None = None
+        #: Whom the guard counts this connection under ("" until it is admitted).
+        self.peer = ""
+        #: Whether the guard counts it (admitted and not yet released).
+        self.counted = False
+        self._admitted = False
+        self._headless = True
         self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""
@@ -110,13 +210,12 @@ class _GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        peer = str(peername[0]) if isinstance(peername, tuple) else "unix"
-        if not self._guard.admit(peer):
+        self.peer = peer_of(transport)
+        if not self._guard.admit(self, self.peer):
             transport.write(_REFUSED)
             transport.close()
             return
-        self._peer = peer
+        self.counted = self._admitted = True
         self._transport = transport
         self._arm_deadline()
         guard = self._guard
@@ -125,6 +224,11 @@ class _GuardedProtocol(asyncio.Protocol):
             guard.fast_connections.add(self._fast)
         else:
             self._start_inner(transport)
+
+    def abort(self) -> None:
+        """Close at once (the guard made room for another connection)."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def _arm_deadline(self) -> None:
         self._deadline = asyncio.get_running_loop().call_later(
@@ -156,12 +260,12 @@ class _GuardedProtocol(asyncio.Protocol):
             self._guard.timed_out += 1
             log.info(
                 "connection from %s closed: no complete request head in %.0fs",
-                self._peer, self._guard.header_timeout_s,
+                self.peer, self._guard.header_timeout_s,
             )  # fmt: skip
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self._peer is None:
+        if not self._admitted:
             return
         if self._deadline is not None:
             seen = self._tail + data
@@ -169,6 +273,9 @@ class _GuardedProtocol(asyncio.Protocol):
                 self._deadline.cancel()
                 self._deadline = None
                 self._tail = b""
+                if self._headless:
+                    self._headless = False
+                    self._guard.headed(self)
             else:
                 self._tail = seen[-3:]
         if self._fast is not None:
@@ -182,12 +289,12 @@ class _GuardedProtocol(asyncio.Protocol):
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._peer is None:
+        if not self._admitted:
             return
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        self._guard.release(self._peer)
+        self._guard.release(self)
         self._transport = None
         if self._fast is not None:
             self._guard.fast_connections.discard(self._fast)

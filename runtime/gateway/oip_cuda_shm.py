@@ -9,11 +9,12 @@ outputs then name the region as they name a system shared-memory one
 The gateway opens the handle once, at registration (``cuIpcOpenMemHandle`` in the device's
 primary context, :class:`trims.runtime.adapters.cuda.IpcBuffer`), copies the bytes a request
 names device-to-host for an input and host-to-device for an output, and closes the handle at
-unregistration and shutdown. Regions belong to the registering token, with the same rules as
-system shared memory (:mod:`trims.runtime.gateway.oip_shm`): another token can neither see, use
-nor unregister them; a token holds at most :data:`MAX_REGIONS_PER_OWNER`; offsets and sizes are
-checked against the region. A CUDA IPC handle is a capability: whoever holds one may map that
-memory, so no owner check beyond the token applies; the routes answer loopback callers only.
+unregistration and shutdown. Regions belong to the registering caller (its token, or without
+one its local user), with the same rules as system shared memory (Note [region owners] in
+:mod:`trims.runtime.gateway.oip_shm`): another owner can neither see, use nor unregister them;
+an owner holds at most :data:`MAX_REGIONS_PER_OWNER`; offsets and sizes are checked against the
+region. A CUDA IPC handle is a capability: whoever holds one may map that memory, so no check
+of the memory's owner applies; the routes answer loopback callers only.
 
 On a host without a CUDA driver a registration answers 400 saying so (the status and listing
 routes work and list nothing).
@@ -70,7 +71,7 @@ class CudaRegion:
 
 
 class CudaSharedMemoryRegistry(OwnedRegions[CudaRegion]):
-    """The CUDA regions registered on one gateway, by owner (token name) and region name."""
+    """The CUDA regions registered on one gateway, by owner and region name."""
 
     def __init__(
         self, opener: Opener = _open_ipc, max_regions_per_owner: int = MAX_REGIONS_PER_OWNER

@@ -1,9 +1,10 @@
 """What both shared-memory extensions keep the same way: regions by owner and name.
 
-A region belongs to the token that registered it (with authentication off, to one owner):
-another token can neither see, use nor unregister it. An owner holds at most ``max_regions``
-at once. A request naming a region is checked against the region's registered size before any
-byte moves. :class:`OwnedRegions` is that bookkeeping; the system (:mod:`.oip_shm`) and CUDA
+A region belongs to the caller that registered it, its owner (a token, or the local user of a
+caller without one: :func:`trims.runtime.gateway.api_oip_shm.owner_of`): another owner can
+neither see, use nor unregister it. An owner holds at most ``max_regions`` at once. A request
+naming a region is checked against the region's registered size before any byte moves.
+:class:`OwnedRegions` is that bookkeeping; the system (:mod:`.oip_shm`) and CUDA
 (:mod:`.oip_cuda_shm`) registries add how a region is opened and how bytes are copied.
 """
 
@@ -20,7 +21,7 @@ __all__ = ["MAX_REGIONS_PER_OWNER", "OwnedRegions"]
 
 log = logging.getLogger(__name__)
 
-#: Regions one token may hold at once (each holds a descriptor or a device mapping).
+#: Regions one owner may hold at once (each holds a descriptor or a device mapping).
 MAX_REGIONS_PER_OWNER = 64
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -64,7 +65,7 @@ class OwnedRegions(Generic[R]):
             )
         if len(mine) >= self._max:
             raise ResourceExhausted(
-                f"this token holds {len(mine)} {self.kind} regions, the most one may; "
+                f"this caller holds {len(mine)} {self.kind} regions, the most one may; "
                 "unregister some first"
             )
 
@@ -81,7 +82,7 @@ class OwnedRegions(Generic[R]):
     def unregister(self, owner: str, name: str) -> None:
         region = self._regions.get(owner, {}).pop(name, None)
         if region is None:
-            raise NotFound(f"no {self.kind} region named {name!r} is registered by this token")
+            raise NotFound(f"no {self.kind} region named {name!r} is registered by this caller")
         _close(region)
 
     def unregister_all(self, owner: str) -> None:
@@ -93,7 +94,7 @@ class OwnedRegions(Generic[R]):
         if name is None:
             return [r.describe() for r in mine.values()]
         if name not in mine:
-            raise NotFound(f"no {self.kind} region named {name!r} is registered by this token")
+            raise NotFound(f"no {self.kind} region named {name!r} is registered by this caller")
         return [mine[name].describe()]
 
     def close(self) -> None:
@@ -110,7 +111,7 @@ class OwnedRegions(Generic[R]):
         if region is None:
             raise RequestError(
                 f"{what}: no {self.kind} region named {ref.region!r} is registered by this "
-                f"token; register it first (POST /v2/{self.route}/region/{ref.region}/register)"
+                f"caller; register it first (POST /v2/{self.route}/region/{ref.region}/register)"
             )
         if ref.offset + ref.byte_size > region.byte_size:
             raise RequestError(

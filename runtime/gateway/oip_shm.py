@@ -30,10 +30,19 @@ local user owns: the gateway learns that user from the connection (``SO_PEERCRED
 socket, the kernel's TCP table on loopback; :mod:`trims.runtime.gateway.peer_cred`) and
 compares it with the object's owner. A caller whose user cannot be told is refused.
 
-Ownership: regions belong to the token that registered them (with authentication off, to one
-owner). Another token can neither see, use nor unregister them: for it they do not exist. A key
-registered by one token cannot be registered by another, so a token cannot read or overwrite
-another's tensors through the gateway. An owner holds at most :data:`MAX_REGIONS_PER_OWNER`.
+Ownership: a region belongs to the caller that registered it (``owner_of`` in
+:mod:`trims.runtime.gateway.api_oip_shm` names it, for the routes and infer alike)::
+
+    a request with a token         owner "token:<name>"
+    a request without one          owner "uid:<n>", n the calling local user as above (with
+    (or authentication off)        authentication off, every request); refused when the
+                                   kernel does not say
+
+so two local users who call without a token are two owners, as two tokens are, and a token
+name can never equal a uid's owner. Another owner can neither see, use nor unregister a region:
+for it the region does not exist. A key registered by one owner cannot be registered by
+another, so no caller can read or overwrite another's tensors through the gateway. Each owner
+holds at most :data:`MAX_REGIONS_PER_OWNER`, so one filling its cap leaves the others theirs.
 """
 
 from __future__ import annotations
