@@ -62,6 +62,12 @@ T = TypeVar("T")
 STATES = ("standby", "starting", "ready", "draining")
 #: Failed standby preparations in a row after which none is prepared until an instance starts.
 _STANDBY_FAILURES = 3
+#: Executions whose mean is the service time a 429's Retry-After is worked out from: enough to
+#: smooth one odd request, few enough to follow a change of load within a queue's worth.
+_RECENT_EXECUTIONS = 16
+#: The service time assumed before any request finished (the queue fills while instances
+#: start, and a cold start takes seconds).
+_UNMEASURED_SERVICE_S = 1.0
 
 
 @dataclass(eq=False)
@@ -129,7 +135,8 @@ class Pool:
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._exec_ewma_s = 0.05
+        #: The last execution times, seconds (Retry-After's service time).
+        self._recent_exec_s: deque[float] = deque(maxlen=_RECENT_EXECUTIONS)
         self._start_failures = 0
         self._standby_failures = 0
         self._start_standby = (
@@ -272,7 +279,7 @@ class Pool:
             elapsed = time.monotonic() - started
             self._m_exec.observe(elapsed)
             self._m_exec_count.inc()
-            self._exec_ewma_s = 0.8 * self._exec_ewma_s + 0.2 * elapsed
+            self._recent_exec_s.append(elapsed)
             slot.inflight -= 1
             slot.served += 1
             slot.last_used = time.monotonic()
@@ -349,10 +356,16 @@ class Pool:
             fut.set_result(slot)
 
     def _retry_after_s(self) -> int:
+        """A full queue's Retry-After: the seconds the queue needs, its length times the mean
+        of the recent execution times over the ready instances' request slots; at least 1, at
+        most the request timeout (by then every request queued now has been answered or timed
+        out)."""
+        recent = self._recent_exec_s
+        service_s = sum(recent) / len(recent) if recent else _UNMEASURED_SERVICE_S
         capacity = max(1, sum(1 for s in self.slots if s.state == "ready"))
         capacity *= self._scaling.concurrency
-        estimate = len(self._waiters) * self._exec_ewma_s / capacity
-        return max(1, min(60, math.ceil(estimate)))
+        estimate = len(self._waiters) * service_s / capacity
+        return max(1, min(math.ceil(self._scaling.request_timeout_s), math.ceil(estimate)))
 
     # -- scaling -------------------------------------------------------------------------------
 

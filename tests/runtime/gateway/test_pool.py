@@ -527,3 +527,42 @@ async def test_a_standby_dropped_while_it_prepares_is_stopped_and_not_a_failure(
     await executor.until(lambda: standby.id in executor.stopped, "the preparing standby stopped")
     assert a.slots == [] and a._standby_failures == 0
     assert [i.id for i in executor.live()] == [executor.started[1].id]
+
+
+@pytest.mark.parametrize(("request_timeout_s", "retry_after"), [(30.0, (4, 5)), (2.0, (2, 2))])
+async def test_retry_after_is_the_time_the_full_queue_needs(
+    make_pool: Any, request_timeout_s: float, retry_after: tuple[int, int]
+) -> None:
+    """16 requests queued for one instance that takes 0.25 s a request need 4 s: the 429 says
+    so (it said 1 s), and never more than the request timeout, by when each has been answered
+    or timed out."""
+    held = Held()
+
+    async def handler(body: bytes, headers: Any) -> bytes:
+        if body == b"work":
+            await asyncio.sleep(0.25)  # the work a request takes: this is measured, not waited on
+            return body
+        return await held(body, headers)
+
+    async def work(instance: Instance, timeout: float) -> bytes:
+        return (await instance.invoke(b"work", {}, timeout=timeout, trace={})).body
+
+    pool, held.executor = make_pool(
+        InProcessFunction(invoke=handler),
+        max_instances=1,
+        queue_size=16,
+        request_timeout_s=request_timeout_s,
+    )
+    for _ in range(2):
+        assert await pool.run(work) == b"work"
+    first = asyncio.create_task(pool.run(call))
+    await held.arrived(1)
+    queued = [asyncio.create_task(pool.run(call)) for _ in range(16)]
+    await tasks_start()
+    with pytest.raises(QueueFull) as e:
+        await pool.run(call)
+    assert retry_after[0] <= e.value.details["retry_after_s"] <= retry_after[1]
+    for i in range(17):
+        await held.arrived(i + 1)
+        held.answer(i)
+    assert all(reply == b"ok" for _, reply in await asyncio.gather(first, *queued))
