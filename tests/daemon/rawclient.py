@@ -1,24 +1,19 @@
 """A minimal store client for the daemon tests, built on the protocol module only, and
-:func:`as_nobody`, the same requests sent from a child running as another uid, built on
-:func:`run_as`, any function run so."""
+:func:`as_nobody`, the same requests sent from a child running as another uid (built on
+:func:`tests.fixtures.users.run_as`)."""
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from tests.fixtures.users import NOBODY, run_as
 from trims.errors import error_from_dict
 from trims.protocol import recv_frame, send_frame
-
-T = TypeVar("T")
-
-#: uid and gid of ``nobody``: the other user of the access and limits tests.
-NOBODY = 65534
 
 
 class RawClient:
@@ -82,36 +77,6 @@ def frames_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
         for fd in fds:
             os.close(fd)
         frames.append(message)
-
-
-def run_as(uid: int, fn: Callable[[], T], groups: Sequence[int] = ()) -> T:
-    """``fn()`` run in a forked child as uid and gid ``uid`` with supplementary ``groups``: what
-    it returns (JSON-able); a failure in the child fails the caller with its repr."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            os.setgroups(list(groups))
-            os.setgid(uid)
-            os.setuid(uid)
-            os.write(write_end, json.dumps({"result": fn()}).encode())
-            status = 0
-        except BaseException as e:  # reported to the parent, which fails the test
-            os.write(write_end, json.dumps({"child_error": repr(e)}).encode())
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks = []
-    with os.fdopen(read_end, "rb") as f:
-        while chunk := f.read(65536):
-            chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
-    report: dict[str, Any] = json.loads(b"".join(chunks))
-    assert os.waitstatus_to_exitcode(status) == 0, report
-    result: T = report["result"]
-    return result
 
 
 def as_nobody(

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.daemon.rawclient import NOBODY, RawClient, frames_until_closed, run_as
+from tests.daemon.rawclient import RawClient, frames_until_closed
 from tests.fixtures.gateway import wait_until
 from tests.fixtures.store import DaemonProcess
+from tests.fixtures.users import NOBODY, run_as
 from trims.daemon.limits import ConnectionSlots, ReadBudget
 from trims.protocol import (
     HEADER,

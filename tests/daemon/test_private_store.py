@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.daemon.rawclient import NOBODY, RawClient, as_nobody, run_as
+from tests.daemon.rawclient import RawClient, as_nobody
 from tests.fixtures.store import DaemonProcess
+from tests.fixtures.users import NOBODY, run_as
 from trims.errors import NotFound, Unavailable
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.rawclient import run_as
 from tests.fixtures.unprivileged import writable_by_functions
+from tests.fixtures.users import NOBODY, run_as
 from trims.errors import ValidationError
 from trims.runtime.up_cli import own_results_folder
 
-NOBODY = 65534
 OTHER_USER = 1000
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changes owners: needs root")

@@ -41,13 +41,12 @@ def test_a_held_or_reserved_uid_is_probed_past_wrapping_in_the_range() -> None:
 def test_two_functions_starting_at_once_never_share_a_uid() -> None:
     """The uid of a start in progress is held before the executor tracks the instance."""
     uids = FunctionUids(5000, 2)
-    with uids.starting("a", "a-1", running=[]) as a:
-        with uids.starting("b", "b-1", running=[]) as b:
-            assert a != b
-            with uids.starting("a", "a-2", running=[]) as a2:
-                assert a2 == a
-            with pytest.raises(Unavailable):
-                uids.uid_for("c", running=[])
+    with uids.starting("a", "a-1", running=[]) as a, uids.starting("b", "b-1", running=[]) as b:
+        assert a != b
+        with uids.starting("a", "a-2", running=[]) as a2:
+            assert a2 == a
+        with pytest.raises(Unavailable):
+            uids.uid_for("c", running=[])
     # nothing is held once the starts are over: the executor's instances say what runs
     assert uids.uid_for("c", running=[("a", a)]) == b
 

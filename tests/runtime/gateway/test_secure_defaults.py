@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.rawclient import run_as
 from tests.fixtures.gateway import ADMIN, FUNCS, echo_spec, wait_until
+from tests.fixtures.users import NOBODY, run_as
 from trims.errors import ValidationError
 from trims.runtime.functions_cli import GatewayClient
 from trims.runtime.gateway.admin_token import (
@@ -24,8 +24,6 @@ from trims.runtime.gateway.admin_token import (
     ensure_admin_token,
     read_token_file,
 )
-
-NOBODY = 65534
 
 
 def _token_file(gw: object) -> Path:
