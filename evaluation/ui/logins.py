@@ -1,8 +1,9 @@
-"""How often one peer may try a token on the login form: a token bucket per peer address.
+"""How often one peer may try a token on the login form: a token bucket per peer.
 
 Note [login attempts]
 ~~~~~~~~~~~~~~~~~~~~~
-Each peer (the connection's remote address; never a header the client writes) holds
+Each peer (the connection's local user for a caller on this host, from the kernel, else its
+remote address; never a header the client writes: :func:`trims.peer_cred.peer_of`) holds
 ``attempts`` tries, and gets one back every ``refill_s`` seconds. A login takes a try before
 it asks the gateway whether the token is known, so concurrent guesses cannot all slip in
 before the first one fails; a login that succeeds, or that fails for a reason other than the

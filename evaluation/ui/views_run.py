@@ -30,6 +30,7 @@ from trims.evaluation.db import ResultsDB
 from trims.evaluation.ui.render import render
 from trims.evaluation.ui.sessions import CSRF_FIELD, SESSION, check_csrf
 from trims.evaluation.ui.state import require_read, session_of, state_of
+from trims.peer_cred import peer_of
 
 __all__ = ["login", "login_form", "logout", "progress", "run_form", "start_evaluate", "start_trace"]
 
@@ -265,7 +266,7 @@ async def login(request: web.Request) -> web.Response:
     state = state_of(request)
     if not token:
         return render(request, "login.html", status=422, error="Enter a token.", next=target)
-    peer = request.remote or ""
+    peer = peer_of(request.transport)
     try:
         state.logins.take(peer)
     except QueueFull as e:

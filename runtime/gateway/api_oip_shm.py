@@ -31,11 +31,11 @@ from typing import Any
 from aiohttp import web
 
 from trims.errors import PermissionDenied, RequestError, Unauthorized
+from trims.peer_cred import is_loopback, peer_uid
 from trims.runtime.gateway.context import auth_of, json_response, read_json
 from trims.runtime.gateway.oip_cuda_shm import CudaSharedMemoryRegistry
 from trims.runtime.gateway.oip_regions import OwnedRegions
 from trims.runtime.gateway.oip_shm import SharedMemoryRegistry
-from trims.runtime.gateway.peer_cred import is_loopback, peer_uid
 from trims.runtime.gateway.tensors import ShmRef
 
 __all__ = ["SHM", "SharedMemory", "add_routes", "cuda_available", "owner_of", "registry_of"]

@@ -47,8 +47,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from trims.peer_cred import peer_of
 from trims.runtime.gateway.fastpath import HEAD_END, FastConnection, FastInvoke
-from trims.runtime.gateway.peer_cred import is_loopback, peer_uid
 from trims.runtime.settings import GatewaySettings
 
 __all__ = ["ConnectionGuard", "GuardedTCPSite", "peer_of"]
@@ -59,19 +59,6 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 38\r\n\r\ntoo many connections; close some first\n"
 )
-
-
-def peer_of(transport: asyncio.BaseTransport) -> str:
-    """Whom a connection's limits count it under (Note [connection peers]): ``uid <n>`` on
-    loopback, else the peer's address."""
-    peername = transport.get_extra_info("peername")
-    address = str(peername[0]) if isinstance(peername, tuple) else ""
-    if not is_loopback(address):
-        return address
-    uid = peer_uid(transport)
-    if uid is None:
-        return address or "unix"
-    return f"uid {uid}"
 
 
 class ConnectionGuard:

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.rawclient import run_as
 from tests.fixtures.gateway import ADMIN, RunningGateway, doubler_spec
-from trims.runtime.gateway import peer_cred
+from tests.fixtures.users import NOBODY, run_as
+from trims import peer_cred
 from trims.runtime.gateway.connections import ConnectionGuard, GuardedTCPSite
 from trims.runtime.gateway.oip_shm import MAX_REGIONS_PER_OWNER
 from trims.runtime.settings import LOCAL_ANONYMOUS_SCOPES
 
-VICTIM, OTHER, THIRD, NOBODY = 1000, 1001, 1002, 65534
+VICTIM, OTHER, THIRD = 1000, 1001, 1002
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="forks children as other uids")
 

@@ -26,7 +26,7 @@ import socket
 import struct
 from typing import Any
 
-__all__ = ["is_loopback", "peer_uid"]
+__all__ = ["is_loopback", "peer_of", "peer_uid"]
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -65,6 +65,20 @@ def peer_uid(transport: Any) -> int | None:
     if not peer or not local:
         return None
     return _tcp_owner((_ip(peer[0]), int(peer[1])), (_ip(local[0]), int(local[1])))
+
+
+def peer_of(transport: Any) -> str:
+    """Who is on the other end of ``transport``, as per-peer limits count callers: ``uid <n>``
+    for a local caller whose user the kernel says (loopback or a Unix socket), else the peer's
+    address (Note [connection peers] in :mod:`trims.runtime.gateway.connections`)."""
+    peername = transport.get_extra_info("peername")
+    address = str(peername[0]) if isinstance(peername, tuple) else ""
+    if not is_loopback(address):
+        return address
+    uid = peer_uid(transport)
+    if uid is None:
+        return address or "unix"
+    return f"uid {uid}"
 
 
 def is_loopback(remote: str) -> bool:
