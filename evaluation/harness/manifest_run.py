@@ -321,7 +321,8 @@ def _self_contained(
     inside the container as under the local executor. The model is named by the manifest, as
     the direct system under test names it: an instance maps it from the store when the store
     holds it (``trims models add NAME``), else it loads the staged file. The folder and its
-    files are world-readable: the container's user (10001) is not the one that wrote them.
+    files are world-readable: the container's user (the function's own uid) is not the one that
+    wrote them.
     """
     import shutil
 
