@@ -11,7 +11,7 @@ accepted connection's aiohttp protocol in a :class:`_GuardedProtocol` that
   ``header_timeout_s`` after it was accepted.
 
 Note [connection peers]: a peer is a local user for a loopback connection (``uid 1000``: the
-kernel says who owns the caller's socket, asked once at accept, :mod:`.peer_cred`), else the
+kernel says who owns the caller's socket, asked once at accept, :mod:`trims.peer_cred`), else the
 caller's address. Every local user reaches the gateway from 127.0.0.1, and one loopback user
 may use all of 127.0.0.0/8: keyed by address, one user holding half-sent heads would take every
 other local user's share, and one user on 16 addresses the total. A loopback connection whose
@@ -51,7 +51,7 @@ from trims.peer_cred import peer_of
 from trims.runtime.gateway.fastpath import HEAD_END, FastConnection, FastInvoke
 from trims.runtime.settings import GatewaySettings
 
-__all__ = ["ConnectionGuard", "GuardedTCPSite", "peer_of"]
+__all__ = ["ConnectionGuard", "GuardedTCPSite"]
 
 log = logging.getLogger(__name__)
 
