@@ -37,14 +37,31 @@ def seeded(tmp_path: Path) -> Seeded:
     return seeded
 
 
+class _Clients:
+    """Test clients of the apps a fixture serves, closed together at its end."""
+
+    def __init__(self) -> None:
+        self.served: list[UIClient] = []
+
+    async def serve(self, app: web.Application) -> UIClient:
+        client: UIClient = TestClient(TestServer(app))
+        await client.start_server()
+        self.served.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self.served:
+            await client.close()
+
+
 @pytest_asyncio.fixture
 async def ui_gateway(
     tmp_path: Path, seeded: Seeded
 ) -> AsyncIterator[Callable[..., Awaitable[UIClient]]]:
-    clients: list[UIClient] = []
+    clients = _Clients()
 
     async def start(**options: Any) -> UIClient:
-        root = tmp_path / f"gateway{len(clients)}"
+        root = tmp_path / f"gateway{len(clients.served)}"
         root.mkdir()
         if "tokens" not in options:
             options.setdefault("auth", False)
@@ -52,31 +69,22 @@ async def ui_gateway(
         settings = GatewaySettings(
             port=0, store_socket=root / "no-store.sock", drain_timeout_s=5.0, **options
         )
-        app = create_app(settings, local_factory(root, settings.store_socket))
-        client: UIClient = TestClient(TestServer(app))
-        await client.start_server()
-        clients.append(client)
-        return client
+        return await clients.serve(create_app(settings, local_factory(root, settings.store_socket)))
 
     yield start
-    for client in clients:
-        await client.close()
+    await clients.close()
 
 
 @pytest_asyncio.fixture
 async def ui_alone(seeded: Seeded) -> AsyncIterator[Callable[..., Awaitable[UIClient]]]:
-    clients: list[UIClient] = []
+    clients = _Clients()
 
     async def start(gateway: UIClient, **options: Any) -> UIClient:
         options.setdefault("results_db", str(seeded.path))
         config = UIConfig(api_url=str(gateway.make_url("/")).rstrip("/"), **options)
         app = web.Application()
         app.add_subapp("/ui", create_ui_app(config))
-        client: UIClient = TestClient(TestServer(app))
-        await client.start_server()
-        clients.append(client)
-        return client
+        return await clients.serve(app)
 
     yield start
-    for client in clients:
-        await client.close()
+    await clients.close()
