@@ -32,7 +32,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trims.daemon.dispatch import dispatch
-from trims.daemon.store import Caller, Progress, StoreReply
+from trims.daemon.store import Caller, StoreReply
 from trims.errors import (
     ProtocolError,
     Timeout,
@@ -40,7 +40,7 @@ from trims.errors import (
     Unavailable,
     ValidationError,
 )
-from trims.protocol import FrameDecoder, PeerCredentials, encode_frame
+from trims.protocol import FrameDecoder, PeerCredentials, Progress, encode_frame
 
 if TYPE_CHECKING:
     from trims.daemon.server import Server

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trims.daemon.catalog import AccessList, validate_id
-from trims.daemon.store import Caller, Progress, Store, StoreReply
+from trims.daemon.store import Caller, Store, StoreReply
 from trims.errors import PermissionDenied, ValidationError
 from trims.layout import validate_digest, validate_model_name, validate_version
-from trims.protocol import CLIENT_OPS, Op
+from trims.protocol import CLIENT_OPS, Op, Progress
 
 _TIERS = ("cpu", "gpu", "disk")
 _MAX_SOURCE = 4096
@@ -103,7 +103,8 @@ async def dispatch(
             "as the store's owner"
         )
     handler = _HANDLERS[op]
-    return await handler(store, caller, args, progress)
+    reply: StoreReply = await handler(store, caller, args, progress)
+    return reply
 
 
 async def _hello(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | None) -> StoreReply:

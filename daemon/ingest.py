@@ -15,12 +15,12 @@ from pathlib import Path
 
 from trims.config import format_size
 from trims.daemon.formats import FORMATS, convert, detect_format
-from trims.daemon.formats.writer import Progress
 from trims.daemon.tiers import cloud
 from trims.daemon.tiers.disk import DiskTier
 from trims.errors import CorruptModel, PayloadTooLarge, Timeout, ValidationError
 from trims.layout import Manifest, sha256_stream, validate_digest, validate_model_name
 from trims.layout import validate_version as _validate_version
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,10 @@ from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.cpu import CpuTier
 from trims.daemon.tiers.disk import DiskTier, Stamp
 from trims.daemon.tiers.gpu import GpuTier
-from trims.daemon.tiers.memory import MemoryTier, Progress
+from trims.daemon.tiers.memory import MemoryTier
 from trims.errors import CorruptModel, NotFound, ResourceExhausted, Unavailable
 from trims.layout import Manifest
+from trims.protocol import Progress
 from trims.telemetry import tracer
 
 log = logging.getLogger(__name__)

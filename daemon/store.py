@@ -24,7 +24,7 @@ from trims.daemon.crashpoints import arm, crashpoint
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
 from trims.daemon.private import private_dir
-from trims.daemon.residency import MEMORY_TIERS, TIERS, Progress, Residency
+from trims.daemon.residency import MEMORY_TIERS, TIERS, Residency
 from trims.daemon.settings import DaemonSettings
 from trims.daemon.tiers.gpu import GpuTier
 from trims.errors import (
@@ -34,7 +34,7 @@ from trims.errors import (
     ValidationError,
 )
 from trims.layout import Manifest
-from trims.protocol import PROTOCOL_VERSION, PeerCredentials
+from trims.protocol import PROTOCOL_VERSION, PeerCredentials, Progress
 from trims.telemetry import tracer
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ body.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -184,10 +185,17 @@ def expand_models(spec: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _framework_progress(
+    framework: str, enabled: bool, items: Sequence[T], desc: str
+) -> Iterable[T]:
+    return progress(items, f"{framework} {desc}", enabled)
+
+
 def progress(items: Sequence[T], desc: str, enabled: bool) -> Iterable[T]:
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, disable=not enabled, leave=False, file=sys.stderr)
+    bar: Iterable[T] = tqdm(items, desc=desc, disable=not enabled, leave=False, file=sys.stderr)
+    return bar
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -306,9 +314,7 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                 times = analyzer.layer_times(
                     irs,
                     benchers,
-                    lambda items, fw=framework: progress(
-                        list(items), f"{fw} layers", settings.progress
-                    ),
+                    lambda items: progress(list(items), "mxnet layers", settings.progress),
                 )
                 wholes = {
                     ir.name: measured.run(generator.model_benchmark(ir)).measurement for ir in irs
@@ -318,9 +324,7 @@ def lowerbound(settings: AnalyzeSettings) -> Report:
                     irs,
                     benchers,
                     settings.precision / Z95,
-                    lambda items, desc, fw=framework: progress(
-                        items, f"{fw} {desc}", settings.progress
-                    ),
+                    functools.partial(_framework_progress, framework, settings.progress),
                 )
             chains: dict[str, analyzer.FusionResult] = {}
             if framework == "onnxruntime":

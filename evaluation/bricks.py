@@ -548,8 +548,8 @@ def study(
     for ir in progress(irs, "models"):
         # loading the weights into memory is preparation both sides share, like loading the model
         weights = submodel.weights(ir) if bencher.framework == "onnxruntime" else None
-        whole = whole_key(ir.name)
-        open_profiled(whole, generator.model_benchmark(ir, weights))
+        whole_name = whole_key(ir.name)
+        open_profiled(whole_name, generator.model_benchmark(ir, weights))
         for g in granularities:
             for brick in per_g[g][ir.name]:
                 open_profiled(brick.signature, _benchmark(ir, brick, weights))
@@ -564,7 +564,7 @@ def study(
             for key in extra_conversions(per_g[g][ir.name], conversions):
                 state.open(key, _reorder_benchmark(key), bencher)
 
-        def goals(ir: ModelIR = ir, whole: str = whole) -> dict[str, float]:
+        def goals(ir: ModelIR = ir, whole: str = whole_name) -> dict[str, float]:
             current = {key: term.current() for key, term in state.terms.items()}
             asked = {whole: target_rel * current[whole].trimmed_mean_ms}
             for g in granularities:
@@ -577,7 +577,7 @@ def study(
 
         state.run(goals)
         state.close()
-        whole_precise[ir.name] = whole not in state.imprecise
+        whole_precise[ir.name] = whole_name not in state.imprecise
     out: list[BrickStudy] = []
     results = state.results()
     for g in granularities:

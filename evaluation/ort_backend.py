@@ -57,7 +57,7 @@ def framework_version() -> str:
 def _np_dtype(elem_type: int) -> type[np.generic]:
     from onnx import helper
 
-    return helper.tensor_dtype_to_np_dtype(elem_type).type  # type: ignore[no-any-return]
+    return helper.tensor_dtype_to_np_dtype(elem_type).type
 
 
 def random_inputs(
@@ -141,7 +141,7 @@ def session(
     except Exception as e:
         raise ValidationError(f"model {name!r} does not load in ONNX Runtime: {e}") from e
     # the session reads the external arrays in place: they live exactly as long as it does
-    sess._trims_external = values  # type: ignore[attr-defined]
+    sess._trims_external = values
     return sess
 
 

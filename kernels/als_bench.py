@@ -218,7 +218,8 @@ def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:
     except ImportError:
         log.info("threadpoolctl missing: BLAS keeps its default thread count")
         return contextlib.nullcontext()
-    return threadpool_limits(1, "blas")
+    limits: contextlib.AbstractContextManager[Any] = threadpool_limits(1, "blas")
+    return limits
 
 
 def _host(a: Any) -> Any:

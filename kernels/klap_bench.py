@@ -7,6 +7,7 @@ per-launch overhead there, and the launch counts are the same as a GPU would mak
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -72,6 +73,11 @@ def results_equal(a: Any, b: Any) -> bool:
     return bool(np.array_equal(a, b))
 
 
+def _launch(fn: Callable[[Launcher], object], variant: Variant) -> object:
+    """One run of an application under ``variant``, on a fresh launcher (what is timed)."""
+    return fn(Launcher(variant))
+
+
 def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
     """Rows per (app, variant) and the geometric-mean speedup per variant."""
     if settings.backend == "cupy":
@@ -91,7 +97,7 @@ def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
             result = fn(launcher)
             launches = launcher.launches
             secs = median_seconds(
-                lambda v=variant, f=fn: f(Launcher(v)), repeat=settings.repeat, warmup=0
+                functools.partial(_launch, fn, variant), repeat=settings.repeat, warmup=0
             )
             base = secs if variant == "per-parent" else base
             row = KlapRow(
@@ -108,7 +114,9 @@ def run(settings: KlapSettings) -> tuple[list[KlapRow], dict[str, float]]:
             log.info("klap %s %s: %.4f s, %d launches, %.2fx", app, variant, secs, launches,
                      row.speedup)  # fmt: skip
             rows.append(row)
-    summary = {v: geomean([r.speedup for r in rows if r.variant == v]) for v in VARIANTS}
+    summary: dict[str, float] = {
+        v: geomean([r.speedup for r in rows if r.variant == v]) for v in VARIANTS
+    }
     return rows, summary
 
 

@@ -10,6 +10,7 @@ the child grid sizes; ``flat`` launches no children. Mariani-Silver stays on the
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,13 @@ def _tree(t: apps.Csr, launcher: GpuLauncher) -> Any:
     return depth.get(), path.get()
 
 
+def _launch(
+    fn: Callable[[GpuLauncher], object], cp: Any, module: Any, cdp: bool, variant: Variant
+) -> object:
+    """One run of an application under ``variant``, on a fresh launcher (what is timed)."""
+    return fn(GpuLauncher(cp, module, cdp, variant))
+
+
 def run(settings: Any) -> list[dict[str, Any]]:
     """Rows like :class:`trims.kernels.klap_bench.KlapRow` for bfs, sssp, spmv and tree."""
     from trims.kernels.klap_bench import results_equal
@@ -181,8 +189,10 @@ def run(settings: Any) -> list[dict[str, Any]]:
         for variant in VARIANTS:
             launcher = GpuLauncher(cp, module, cdp, variant)
             result = fn(launcher)
-            secs = median_seconds(lambda v=variant, f=fn: f(GpuLauncher(cp, module, cdp, v)),
-                                  repeat=settings.repeat, sync=sync)  # fmt: skip
+            secs = median_seconds(
+                functools.partial(_launch, fn, cp, module, cdp, variant),
+                repeat=settings.repeat, sync=sync,
+            )  # fmt: skip
             base = secs if variant == "per-parent" else base
             rows.append(
                 {

@@ -490,7 +490,7 @@ def reference(op: Operation, x: npt.ArrayLike, segment: int) -> npt.NDArray[np.f
     pad[:n] = a
     mat = pad.reshape(nseg, seg)
     if op == "reduce":
-        return mat.sum(axis=1)
+        return np.asarray(mat.sum(axis=1), dtype=np.float64)
     return mat.cumsum(axis=1).reshape(-1)[:n]
 
 

@@ -7,6 +7,7 @@ relative to :func:`trims.kernels.tcu.error_bound` (at most 1 is within the state
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -110,7 +111,7 @@ def run(settings: TcuSettings) -> list[TcuRow]:
         x16 = xp.asarray(host)
         dst = xp.empty_like(x16)
         copy_s = median_seconds(
-            lambda d=dst, s=x16: xp.copyto(d, s), repeat=settings.repeat, sync=sync
+            functools.partial(xp.copyto, dst, x16), repeat=settings.repeat, sync=sync
         )
         copy_eps = total / copy_s
         for op in ("reduce", "scan"):
@@ -120,7 +121,7 @@ def run(settings: TcuSettings) -> list[TcuRow]:
                     continue
                 for method, acc, fn in _methods(op_t, segment, xp, settings.backend):
                     secs = median_seconds(
-                        lambda fn=fn, x=x16: fn(x), repeat=settings.repeat, sync=sync
+                        functools.partial(fn, x16), repeat=settings.repeat, sync=sync
                     )
                     err: float | None = None
                     if acc is not None:

@@ -19,7 +19,7 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -484,7 +484,7 @@ class StoreClient:
         version: str | None = None,
         fmt: str | None = None,
         sha256: str | None = None,
-        access: dict[str, Sequence[int]] | None = None,
+        access: Mapping[str, Sequence[int]] | None = None,
         progress: Progress | None = None,
     ) -> dict[str, Any]:
         """Ingest a model from a local path or an http(s):// / s3:// URL.
@@ -501,7 +501,7 @@ class StoreClient:
             "version": version,
             "format": fmt,
             "sha256": sha256,
-            "access": access,
+            "access": None if access is None else {k: list(v) for k, v in access.items()},
         }
         result = self._call(Op.ADD, args, admin=True, progress=progress, timeout=LONG_OP_TIMEOUT)
         return dict(result.get("model") or {})

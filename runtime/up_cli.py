@@ -174,7 +174,7 @@ def _error_message(body: str) -> str:
     except (ValueError, KeyError, TypeError):
         return body.strip()
     if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+        return str(error["message"])
     return str(error)
 
 

@@ -14,7 +14,6 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from trims.daemon.formats.writer import Progress
 from trims.errors import ValidationError
 from trims.layout import (
     FORMAT_SUFFIXES,
@@ -24,6 +23,7 @@ from trims.layout import (
     validate_model_name,
     validate_version,
 )
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
+from trims.daemon.formats.writer import LayoutWriter, chunked, mapped
 from trims.errors import CorruptModel, ValidationError
 from trims.layout import (
     DTYPE_SIZES,
@@ -32,6 +32,7 @@ from trims.layout import (
     TensorSpec,
     check_tensor_count,
 )
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

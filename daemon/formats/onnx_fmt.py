@@ -25,9 +25,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
+from trims.daemon.formats.writer import LayoutWriter, chunked, mapped
 from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
 from trims.layout import Manifest, TensorEntry, TensorSpec, check_tensor_count
+from trims.protocol import Progress
 
 if TYPE_CHECKING:
     import onnx

@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from trims.daemon.formats.writer import LayoutWriter, Progress, chunked, mapped
+from trims.daemon.formats.writer import LayoutWriter, chunked, mapped
 from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
 from trims.layout import (
     DTYPE_SIZES,
@@ -26,6 +26,7 @@ from trims.layout import (
     TensorSpec,
     check_tensor_count,
 )
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trims.daemon.formats.writer import LayoutWriter, Progress, chunked
+from trims.daemon.formats.writer import LayoutWriter, chunked
 from trims.errors import CorruptModel, PayloadTooLarge, ValidationError
 from trims.layout import Manifest, TensorSpec, check_tensor_count
+from trims.protocol import Progress
 
 if TYPE_CHECKING:
     import torch

@@ -26,8 +26,9 @@ from pathlib import Path
 from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.disk import Stamp
 from trims.daemon.tiers.memfd import create_sealed_memfd
-from trims.daemon.tiers.memory import Export, Loaded, Progress
+from trims.daemon.tiers.memory import Export, Loaded
 from trims.daemon.tiers.pagecache import PinnedFile
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

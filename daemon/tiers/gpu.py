@@ -43,8 +43,9 @@ from trims.cuda import (
 from trims.daemon.tiers import chunks
 from trims.daemon.tiers.chunks import ChunkDigests
 from trims.daemon.tiers.disk import Stamp
-from trims.daemon.tiers.memory import Export, Loaded, Progress
+from trims.daemon.tiers.memory import Export, Loaded
 from trims.errors import CorruptModel, TrimsError, Unavailable
+from trims.protocol import Progress
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,13 @@ from aiohttp import web
 
 from trims import __version__
 from trims.errors import NotFound
-from trims.oip import platform_of
+from trims.oip import HEADER_LENGTH, platform_of
 from trims.runtime.functions.spec import ServedModel, TensorMeta
 from trims.runtime.gateway import api_oip_shm, oip_repository
 from trims.runtime.gateway.api_oip_shm import SharedMemory, owner_of, registry_of
 from trims.runtime.gateway.context import auth_of, gateway_of, json_response, read_body
 from trims.runtime.gateway.oip_repository import repository_of
 from trims.runtime.gateway.tensors import (
-    HEADER_LENGTH,
     InferRequest,
     check_inputs,
     check_outputs,

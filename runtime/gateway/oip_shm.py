@@ -101,10 +101,11 @@ class SharedMemoryRegistry(OwnedRegions[Region]):
         super().__init__("system shared-memory", "systemsharedmemory", max_regions_per_owner)
 
     def register(
-        self, owner: str, name: str, key: str, offset: int, byte_size: int, caller_uid: int | None
+        self, owner: str, name: str, key: str, offset: Any, byte_size: Any, caller_uid: int | None
     ) -> None:
         """Register ``byte_size`` bytes at ``offset`` of object ``key`` as ``name`` for
-        ``owner``; ``caller_uid`` is the calling local user (Note [region owners])."""
+        ``owner`` (both as the request sent them, checked here); ``caller_uid`` is the calling
+        local user (Note [region owners])."""
         self._admit(owner, name)
         if not _KEY_RE.fullmatch(key) or key.strip("/") in (".", ".."):
             raise RequestError(

@@ -453,7 +453,7 @@ def _to_json(name: str, array: np.ndarray, datatype: str) -> list[Any]:
         raise RequestError(
             f"output {name!r} holds NaN or Infinity, which JSON cannot carry: " + _binary_hint(name)
         )
-    return values.tolist()  # type: ignore[no-any-return]
+    return values.tolist()
 
 
 def _binary_hint(output: str) -> str:
