@@ -292,6 +292,9 @@ class Peer:
     version_module: str = ""
     #: whether it has an API that loads a model into a server that already runs
     load_api: bool = False
+    #: whether each replica is a process of its own (its answers carry distinct pids); else
+    #: replicas are the peer's own unit inside one process (e.g. threads)
+    process_replicas: bool = True
     #: how it is configured for CPU serving, for docs/runtime.md and the report
     configuration: str = ""
 
