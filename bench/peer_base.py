@@ -243,7 +243,7 @@ class PeerServer:
                 )
             try:
                 return await ready()
-            except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, RuntimeError):
                 if time.perf_counter() > deadline:
                     raise
             await asyncio.sleep(0.005)
