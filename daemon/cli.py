@@ -12,9 +12,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trims.config import data_dir, default_socket, parse_size
+from trims.cgroup import MemoryCgroup, memory_cgroup
+from trims.config import data_dir, default_socket, format_size, parse_size
 from trims.daemon.private import private_log
-from trims.daemon.settings import EVICTION_POLICIES, DaemonSettings, ServerLimits, TierBudgets
+from trims.daemon.settings import (
+    CPU_BUDGET_SHARE,
+    EVICTION_POLICIES,
+    DaemonSettings,
+    ServerLimits,
+    TierBudgets,
+    size_cpu_budget,
+)
 from trims.daemon.tiers.cpu import CPU_BACKINGS
 from trims.errors import ValidationError
 from trims.telemetry import otlp_endpoint_from_env, setup_logging, setup_tracing
@@ -34,7 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--socket-mode", help="store socket mode, octal [0660]")
     parser.add_argument("--socket-group", help="group that may connect [$TRIMS_SOCKET_GROUP]")
     parser.add_argument(
-        "--cpu-budget", help="host memory for models, e.g. 8GiB [$TRIMS_CPU_BUDGET]"
+        "--cpu-budget",
+        help="host memory for models, e.g. 8GiB; at most the daemon's memory limit (its "
+        "cgroup's, else the machine's) less a reserve for itself, larger values are lowered "
+        "to that [half the limit; $TRIMS_CPU_BUDGET]",
     )
     parser.add_argument(
         "--cpu-backing",
@@ -149,19 +160,74 @@ def parse_eviction(spec: str) -> tuple[str, dict[str, str]]:
     return default, per_tier
 
 
+def log_level(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """--log-level, then $TRIMS_LOG_LEVEL, then INFO."""
+    return str(args.log_level or env.get("TRIMS_LOG_LEVEL") or "INFO")
+
+
+def cpu_budget(configured: int | None, memory: MemoryCgroup) -> int:
+    """The CPU tier's budget within the daemon's memory limit, saying how it was chosen."""
+    limit = memory.limit_bytes
+    budget = size_cpu_budget(configured, limit)
+    where = (
+        f"the limit of memory cgroup {memory.path} (v{memory.version}), at most the machine's"
+        if memory.version
+        else "the machine's memory, no memory cgroup found"
+    )
+    if limit is None:
+        log.warning(
+            "cannot read this daemon's memory limit (no cgroup files, no /proc/meminfo): cpu "
+            "tier budget %s, not checked against memory; set --cpu-budget to fit the node",
+            format_size(budget),
+        )
+    elif configured is None:
+        log.info(
+            "cpu tier budget %s: %d%% of the %s this daemon may use (%s); --cpu-budget sets it",
+            format_size(budget),
+            round(CPU_BUDGET_SHARE * 100),
+            format_size(limit),
+            where,
+        )
+    elif budget < configured:
+        log.warning(
+            "--cpu-budget %s is more than this daemon may use: its memory limit is %s (%s); "
+            "using %s, the limit less a reserve for the daemon itself, so that eviction, not "
+            "an OOM kill, keeps the tier within memory: lower --cpu-budget or raise the limit",
+            format_size(configured),
+            format_size(limit),
+            where,
+            format_size(budget),
+        )
+    return budget
+
+
 def build_settings(
-    args: argparse.Namespace, env: Mapping[str, str]
+    args: argparse.Namespace, env: Mapping[str, str], *, memory: MemoryCgroup | None = None
 ) -> tuple[DaemonSettings, dict[str, str], str]:
-    """Settings from argv, then TRIMS_* environment, then defaults."""
+    """Settings from argv, then TRIMS_* environment, then defaults; the CPU tier's budget
+    within ``memory`` (default: this process's memory cgroup, read now).
+
+    A configured CPU budget above what the memory limit leaves is lowered to fit, with a
+    warning, rather than refused: the limit is often set by someone other than whoever wrote
+    the budget (one chart value for nodes of several sizes, a pod limit changed later), and
+    refusing would leave the node with no store, and every function on it without models,
+    where a smaller budget only evicts sooner. The budget used is exported as
+    ``trims_tier_bytes_budget``.
+    """
 
     def pick(value: str | None, var: str) -> str | None:
         return value if value is not None else (env.get(var) or None)
 
     defaults = TierBudgets()
     budgets = {}
-    for tier in _TIER_NAMES:
+    for tier in ("disk", "gpu"):
         text = pick(getattr(args, f"{tier}_budget"), f"TRIMS_{tier.upper()}_BUDGET")
         budgets[tier] = parse_size(text) if text is not None else getattr(defaults, tier)
+    cpu_text = pick(args.cpu_budget, "TRIMS_CPU_BUDGET")
+    budgets["cpu"] = cpu_budget(
+        parse_size(cpu_text) if cpu_text is not None else None,
+        memory_cgroup() if memory is None else memory,
+    )
     mode_text = pick(args.socket_mode, "TRIMS_SOCKET_MODE") or "660"
     try:
         mode = int(mode_text, 8)
@@ -185,12 +251,13 @@ def build_settings(
         limits=build_limits(args, env),
         **_download_limits(args, env),
     )
-    return settings, per_tier, pick(args.log_level, "TRIMS_LOG_LEVEL") or "INFO"
+    return settings, per_tier, log_level(args, env)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings, policies, level = build_settings(args, os.environ)
-    setup_logging(level)
+    # Logging first: choosing the budgets logs how they were chosen.
+    setup_logging(log_level(args, os.environ))
+    settings, policies, _ = build_settings(args, os.environ)
     private_log()
     setup_tracing("trims-daemon", settings.otlp_endpoint)
     import uvloop

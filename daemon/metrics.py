@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from trims.cgroup import memory_cgroup
 from trims.errors import ValidationError
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,26 @@ class DaemonMetrics:
             "Log lines about a peer dropped by the per-uid log rate limit",
             registry=r,
         )
+        # Read at each scrape: a limit can change under a running daemon (a pod resized in
+        # place), and usage is what the kernel's OOM killer compares with it.
+        self.memory_limit = Gauge(
+            "trims_daemon_memory_limit_bytes",
+            "Memory the daemon may use: its memory cgroup's limit (the smallest of the cgroup's "
+            "and its ancestors'), at most the machine's memory; NaN where unknown",
+            registry=r,
+        )
+        self.memory_limit.set_function(lambda: _or_nan(memory_cgroup().limit_bytes))
+        self.memory_usage = Gauge(
+            "trims_daemon_memory_usage_bytes",
+            "Memory the daemon's cgroup is charged now (its processes, page cache and the CPU "
+            "tier's models); NaN without a memory cgroup",
+            registry=r,
+        )
+        self.memory_usage.set_function(lambda: _or_nan(memory_cgroup().usage_bytes))
+
+
+def _or_nan(value: int | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 class MetricsServer:

@@ -23,12 +23,49 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "never")
 class TierBudgets:
     """Byte budgets per tier; 0 disables a tier (gpu defaults to 0 where there is no GPU)."""
 
-    #: Host memory for sealed memfds. Default 8 GiB: most nodes keep several models hot.
+    #: Host memory for the CPU tier's models. `trims daemon` sizes it from the memory it may
+    #: really use (:func:`size_cpu_budget`); 8 GiB is the fallback where that is unknown.
     cpu: int = 8 << 30
     #: Local disk for the content-addressed layouts. Default 64 GiB.
     disk: int = 64 << 30
     #: Device memory per GPU. Default 0 (off) so a CPU node never tries to use CUDA.
     gpu: int = 0
+
+
+#: Share of the memory limit the CPU tier takes when no budget is configured. The daemon's
+#: cgroup is charged for every model in the CPU tier (memfd and page-cache pages belong to
+#: the cgroup that first touched them: the daemon, which loaded them), and where the daemon,
+#: the gateway and the instances share one limit (``trims up``, one container, a benchmark's
+#: cgroup) the instances' own memory (interpreters, frameworks, activations, copy-on-write
+#: pages) and a load's transient second copy (the blob in the page cache beside its memfd)
+#: must fit in the rest. Half leaves that room; a daemon alone in its cgroup (a DaemonSet
+#: pod with a memory limit) may be given up to :func:`cpu_budget_ceiling` with --cpu-budget.
+CPU_BUDGET_SHARE = 0.5
+#: Memory the daemon keeps for itself beside the CPU tier, at most a quarter of the limit:
+#: the interpreter and its imports (~60 MiB), the catalog, read buffers (64 MiB at most) and
+#: a model being hashed or converted. A budget above ``limit - reserve`` would have the kernel
+#: OOM-kill the daemon, and with it every lease on the node, before eviction ever ran.
+DAEMON_MEMORY_RESERVE = 256 << 20
+
+
+def cpu_budget_ceiling(limit: int) -> int:
+    """The largest CPU-tier budget a daemon limited to ``limit`` bytes can hold."""
+    return limit - min(DAEMON_MEMORY_RESERVE, limit // 4)
+
+
+def size_cpu_budget(configured: int | None, limit: int | None) -> int:
+    """The CPU tier's budget: ``configured`` (None: not given) within a memory ``limit``
+    (None: unknown; :attr:`trims.cgroup.MemoryCgroup.limit_bytes`).
+
+    Unconfigured: :data:`CPU_BUDGET_SHARE` of the limit, or the 8 GiB fallback where the
+    limit is unknown. Configured above :func:`cpu_budget_ceiling`: that ceiling (the caller
+    says so in a warning); otherwise as configured.
+    """
+    if limit is None:
+        return TierBudgets().cpu if configured is None else configured
+    if configured is None:
+        return int(limit * CPU_BUDGET_SHARE)
+    return min(configured, cpu_budget_ceiling(limit))
 
 
 @dataclass(frozen=True)
