@@ -24,30 +24,46 @@ REPO = Path(__file__).resolve().parent.parent
 STOP_GRACE_S = 60.0
 
 
-def start(cmd: Sequence[str], log: Path, ready: str, timeout_s: float = 120.0) -> Started:
+def start(
+    cmd: Sequence[str], log: Path, ready: str, timeout_s: float = 120.0, prefix: Sequence[str] = ()
+) -> Started:
     """A child whose log (appended) matched ``ready``; configured by its command line only
-    (no ``TRIMS_*`` variables)."""
-    return launch(cmd, log, ready, timeout_s=timeout_s, env=without_trims_env(),
+    (no ``TRIMS_*`` variables). ``prefix`` runs first and execs the command (a benchmark's
+    cgroup join: bench/serverless_harness.py ``Cgroup.command_prefix``)."""
+    return launch([*prefix, *cmd], log, ready, timeout_s=timeout_s, env=without_trims_env(),
                   stop_grace_s=STOP_GRACE_S)  # fmt: skip
 
 
 def start_daemon(
-    root: Path, cpu_budget: str = "8GiB", timeout_s: float = 120.0, **options: str
+    root: Path,
+    cpu_budget: str | None = "8GiB",
+    timeout_s: float = 120.0,
+    prefix: Sequence[str] = (),
+    **options: str,
 ) -> tuple[Started, Path]:
     """A daemon storing under ``root``, logging to ``root/daemon.log``; ``options`` become
-    flags (``gpu_budget="8GiB"`` -> ``--gpu-budget 8GiB``)."""
+    flags (``gpu_budget="8GiB"`` -> ``--gpu-budget 8GiB``); ``cpu_budget=None`` leaves the
+    daemon's own default; ``prefix`` as for :func:`start`."""
     socket_path = root / "run" / "store.sock"
+    flags = {**({} if cpu_budget is None else {"cpu_budget": cpu_budget}), **options}
+    if prefix:
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = daemon_process.daemon_command(socket_path, store_dir=root / "store", options=flags)
+        daemon = launch([*prefix, *cmd], root / "daemon.log", daemon_process.DAEMON_READY,
+                        timeout_s=timeout_s, env=without_trims_env(), name="the store daemon",
+                        stop_grace_s=STOP_GRACE_S)  # fmt: skip
+        return daemon, socket_path
     daemon = daemon_process.start_daemon(
         socket_path, store_dir=root / "store", log=root / "daemon.log",
-        options={"cpu_budget": cpu_budget, **options}, timeout_s=timeout_s,
+        options=flags, timeout_s=timeout_s,
         env=without_trims_env(), stop_grace_s=STOP_GRACE_S,
     )  # fmt: skip
     return daemon, socket_path
 
 
-def start_gateway(root: Path, *args: str) -> tuple[Started, str]:
+def start_gateway(root: Path, *args: str, prefix: Sequence[str] = ()) -> tuple[Started, str]:
     cmd = [sys.executable, "-m", "trims", "gateway", "--port", "0", "--no-auth", *args]
-    proc = start(cmd, root / "gateway.log", r"trims gateway ready url=(\S+)")
+    proc = start(cmd, root / "gateway.log", r"trims gateway ready url=(\S+)", prefix=prefix)
     return proc, proc.match.group(1)
 
 
