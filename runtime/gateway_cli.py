@@ -36,6 +36,17 @@ log = logging.getLogger(__name__)
 READY = "trims gateway ready"
 
 
+def _watermark(text: str) -> float | None:
+    if text == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a share of the memory limit; give one like 0.9, or off"
+        ) from None
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="TCP port (0 picks a free one)")
@@ -122,6 +133,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-instances-total",
         type=int,
         help="most instances across all functions; idle ones are stopped to make room",
+    )
+    parser.add_argument(
+        "--memory-high-watermark",
+        type=_watermark,
+        default=0.9,
+        metavar="SHARE|off",
+        help="where a memory cgroup limits the gateway, the share of the limit that memory in "
+        "use plus a new instance may reach; beyond, idle instances are stopped and requests "
+        "no instance can serve get 503 (default 0.9; off: no memory cap)",
     )
     parser.add_argument(
         "--otlp-endpoint",
@@ -225,6 +245,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Gate
         drain_timeout_s=args.drain_timeout,
         instance_limit=args.instance_limit,
         max_instances_total=args.max_instances_total,
+        memory_high_watermark=args.memory_high_watermark,
         otlp_endpoint=args.otlp_endpoint or otlp_endpoint_from_env(dict(env)),
         traces_kept=args.traces_kept,
         traces_kept_bytes=args.traces_kept_mib << 20,

@@ -125,6 +125,12 @@ class GatewaySettings:
     #: Most instances on this node across all functions (memory is finite); None = no limit.
     #: At the limit, the least recently used idle instance is stopped to make room.
     max_instances_total: int | None = None
+    #: Where the gateway's memory cgroup has a limit (below the machine's memory), the share of
+    #: it that the node's working set plus a new instance's expected cost may reach: beyond,
+    #: idle instances are stopped to make room, and a request that no instance can serve gets
+    #: 503 with Retry-After rather than an instance the kernel would OOM-kill. 0.9 leaves
+    #: room for an instance growing while it answers and for the estimate's error. None: off.
+    memory_high_watermark: float | None = 0.9
     #: Seconds SIGTERM waits for in-flight requests before instances are stopped.
     drain_timeout_s: float = 30.0
     #: Seconds an async invocation result is kept after it finished.
@@ -190,6 +196,11 @@ class GatewaySettings:
             check_gateway_name(self.name)
         if self.max_instances_total is not None and self.max_instances_total < 1:
             raise ValidationError("max instances total must be at least 1 (or unset)")
+        if self.memory_high_watermark is not None and not 0 < self.memory_high_watermark <= 1:
+            raise ValidationError(
+                f"memory high watermark {self.memory_high_watermark} must be a share of the "
+                "memory limit above 0 and at most 1 (or off)"
+            )
         if self.instance_limit < 1:
             raise ValidationError("instance limit must be at least 1")
         if self.max_invocations < 1:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from trims.errors import HTTP_STATUS, QueueFull, TrimsError
+from trims.errors import HTTP_STATUS, QueueFull, RetryableError, TrimsError
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,12 @@ def parts_response(parts: tuple[int, dict[str, str], bytes]) -> web.Response:
 
 
 def trims_error_parts(err: TrimsError, *, oip: bool = False) -> tuple[int, dict[str, str], bytes]:
-    """The status, headers and JSON body for a trims error; 429 carries ``Retry-After``."""
+    """The status, headers and JSON body for a trims error; 429 carries ``Retry-After``, and
+    so does any other retryable refusal that says when to retry (``retry_after_s``)."""
     headers: dict[str, str] = {}
-    if isinstance(err, QueueFull):
+    if isinstance(err, QueueFull) or (
+        isinstance(err, RetryableError) and "retry_after_s" in err.details
+    ):
         headers["Retry-After"] = str(int(err.details.get("retry_after_s", 1)))
     if err.code == "unauthorized":
         headers["WWW-Authenticate"] = 'Bearer realm="trims"'

@@ -56,6 +56,9 @@ _BUCKETS = (
 InstanceCounts = Callable[[], Mapping[str, Mapping[str, int]]]
 #: function -> requests waiting for an instance slot; called at scrape time.
 PendingCounts = Callable[[], Mapping[str, int]]
+#: (working set / memory limit, whether at or above the high watermark), None without a
+#: memory limit; called at scrape time (:meth:`InstanceBudget.memory_state`).
+MemoryStateReader = Callable[[], tuple[float, bool] | None]
 
 
 class _InstancesCollector(Collector):
@@ -80,6 +83,31 @@ class _InstancesCollector(Collector):
             for function, n in self._pending().items():
                 pending.add_metric([function], n)
             yield pending
+
+
+class _MemoryCollector(Collector):
+    """The memory dimension of the node's instance budget, read at scrape time."""
+
+    def __init__(self, state: MemoryStateReader) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state()
+        if state is None:
+            return
+        ratio, pressure = state
+        yield GaugeMetricFamily(
+            "trims_memory_usage_ratio",
+            "The gateway's memory cgroup: working set (usage less inactive file pages) over "
+            "its limit",
+            value=ratio,
+        )
+        yield GaugeMetricFamily(
+            "trims_memory_pressure",
+            "1 while the working set is at or above the high watermark of the memory limit "
+            "(new instances make room first or are refused), else 0",
+            value=float(pressure),
+        )
 
 
 class _NodeCollector(Collector):
@@ -112,7 +140,10 @@ class GatewayMetrics:
     """The gateway's counters and histograms; ``render()`` is the /metrics body."""
 
     def __init__(
-        self, instance_counts: InstanceCounts, pending: PendingCounts | None = None
+        self,
+        instance_counts: InstanceCounts,
+        pending: PendingCounts | None = None,
+        memory: MemoryStateReader | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -192,6 +223,20 @@ class GatewayMetrics:
             ["function"],
             registry=r,
         )
+        self.instance_stops = LoopCounter(
+            "trims_instance_stops",
+            "Instances the gateway stopped while healthy, by reason: idle_timeout, "
+            "memory_pressure or count_limit (to make room for another instance)",
+            ["function", "reason"],
+            registry=r,
+        )
+        self.admissions_refused = LoopCounter(
+            "trims_admissions_refused",
+            "Requests refused with 503 because no instance could start, by reason (memory: "
+            "the node's memory was at its high watermark with nothing idle to stop)",
+            ["function", "reason"],
+            registry=r,
+        )
         self.model_acquire = LoopHistogram(
             "trims_model_acquire_seconds",
             "Model acquire time reported by instances",
@@ -226,6 +271,8 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_InstancesCollector(instance_counts, pending))
+        if memory is not None:
+            r.register(_MemoryCollector(memory))
         r.register(_NodeCollector())
         ProcessCollector(registry=r)
         #: (route, method, status) -> its two HTTP series: ``labels()`` builds a key on every
@@ -253,6 +300,8 @@ class GatewayMetrics:
             (self.execution, ("function",)),
             (self.cold_starts, ("function",)),
             (self.instance_failures, ("function",)),
+            (self.instance_stops, ("function", "reason")),
+            (self.admissions_refused, ("function", "reason")),
             (self.model_acquire, ("function",)),
             (self.traced, ("function", "level")),
             (self.trace_failures, ("function",)),

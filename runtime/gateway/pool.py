@@ -12,7 +12,9 @@ pool starts instances up to ``max_instances`` for the queued demand. When a slot
 instance becomes ready, :meth:`_dispatch` hands it to the oldest waiter. An instance that dies
 is retired: its in-flight requests get 502 with the executor's reason and a replacement starts
 when there is demand or ``min_instances`` asks for it. A request that times out (504) retires
-its instance too, since a hung handler would otherwise hold the slot forever.
+its instance too, since a hung handler would otherwise hold the slot forever. A function with
+no instance, whose start the node's memory has no room for (Note [memory admission] in
+trims.runtime.gateway.budget), answers its queued requests 503 with Retry-After.
 
 Note [standby instances]: with ``scaling.standby`` k > 0 (and an executor that has
 ``start_standby``: local, docker) the pool keeps k instances prepared but not started: the
@@ -39,6 +41,7 @@ import asyncio
 import itertools
 import logging
 import math
+import statistics
 import time
 import uuid
 from collections import deque
@@ -51,7 +54,8 @@ from opentelemetry import trace
 from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
 from trims.runtime.executors.base import Executor, Instance, StandbyExecutor
 from trims.runtime.functions.spec import FunctionSpec
-from trims.runtime.gateway.budget import InstanceBudget
+from trims.runtime.gateway.budget import Admission, InstanceBudget
+from trims.runtime.gateway.memory import private_bytes
 from trims.runtime.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,11 @@ _RECENT_EXECUTIONS = 16
 #: The service time assumed before any request finished (the queue fills while instances
 #: start, and a cold start takes seconds).
 _UNMEASURED_SERVICE_S = 1.0
+#: Instances whose private memory gives the function's expected instance cost (a median):
+#: the recent ones, kept after they stop, since a function scaled to zero starts again.
+_MEASURED_INSTANCES = 8
+#: Seconds between measurements of a ready instance's private memory (it grows as it serves).
+_REMEASURE_S = 10.0
 
 
 @dataclass(eq=False)
@@ -86,6 +95,8 @@ class Slot:
     ready_ns: int | None = None
     #: A standby whose preparation finished (Note [standby instances]).
     prepared: bool = False
+    #: When (monotonic) its private memory was last measured; None: never.
+    measured_at: float | None = None
 
     def describe(self) -> dict[str, Any]:
         inst = self.instance
@@ -137,6 +148,8 @@ class Pool:
         self._idle.set()
         #: The last execution times, seconds (Retry-After's service time).
         self._recent_exec_s: deque[float] = deque(maxlen=_RECENT_EXECUTIONS)
+        #: Private memory of the recent instances, bytes (the budget's instance cost).
+        self._private_bytes: deque[int] = deque(maxlen=_MEASURED_INSTANCES)
         self._start_failures = 0
         self._standby_failures = 0
         self._start_standby = (
@@ -152,6 +165,7 @@ class Pool:
         self._m_cold_starts = metrics.cold_starts.labels(fn)
         self._m_failures = metrics.instance_failures.labels(fn)
         self._m_acquire = metrics.model_acquire.labels(fn)
+        self._m_refused_memory = metrics.admissions_refused.labels(fn, "memory")
         self._m_invocations = metrics.invocations
         #: status -> the invocation counter's child (labels() costs a lookup per request).
         self._m_by_status: dict[str, Any] = {}
@@ -285,7 +299,7 @@ class Pool:
             slot.last_used = time.monotonic()
             if slot.state == "ready":
                 self._dispatch()
-                if slot.inflight == 0 and self._budget.limit is not None:
+                if slot.inflight == 0 and self._budget.bounded:
                     self._budget.capacity_changed()
 
     def _take_free(self) -> Slot | None:
@@ -378,23 +392,52 @@ class Pool:
         concurrency = self._scaling.concurrency
         starting = sum(1 for s in self.slots if s.state == "starting")
         unserved = len(self._waiters) - starting * concurrency
-        while unserved > 0 and self._active() < self._scaling.max_instances and self._start_one():
+        admission = Admission.START
+        while unserved > 0 and self._active() < self._scaling.max_instances:
+            admission = self._start_one()
+            if admission is not Admission.START:
+                break
             unserved -= concurrency
+        if admission is Admission.REFUSE and self._active() == 0:
+            self._refuse_waiters()
 
     def _ensure_min(self) -> None:
         if self._closed:
             return
-        while self._active() < self._scaling.min_instances and self._start_one():
+        while self._active() < self._scaling.min_instances and self._start_one() is Admission.START:
             pass
 
-    def _start_one(self) -> bool:
+    def _start_one(self) -> Admission:
         """Start an instance: a prepared standby, else a new one if the node budget allows."""
         if self._activate_standby():
-            return True
-        if self._budget.try_start():
+            return Admission.START
+        admission = self._budget.try_start(self)
+        if admission is Admission.START:
             self._start_instance()
-            return True
-        return False
+        return admission
+
+    def _refuse_waiters(self) -> None:
+        """No instance of this function runs or starts, and the node's memory has no room for
+        one (Note [memory admission] in trims.runtime.gateway.budget): the queued requests get
+        503 with Retry-After rather than waiting for memory that may not come."""
+        retry_after_s = self._retry_after_s()
+        err = Unavailable(
+            f"function {self.name} has no instance and the node's memory is at its high "
+            "watermark with no idle instance to stop; retry after the Retry-After seconds (or "
+            "give the gateway's memory cgroup more memory)",
+            retry_after_s=retry_after_s,
+        )
+        waiters, self._waiters = self._waiters, deque()
+        refused = 0
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+                refused += 1
+        self._m_refused_memory.inc(refused)
+        log.warning(
+            "function %s: %d request(s) refused: no memory for an instance and none idle to "
+            "stop (Retry-After %ds)", self.name, refused, retry_after_s,
+        )  # fmt: skip
 
     def _new_slot(self, state: str) -> Slot:
         slot = Slot(id=f"{self.name}-{next(self._ids)}-{uuid.uuid4().hex[:6]}", state=state)
@@ -428,7 +471,7 @@ class Pool:
         if time.monotonic() < self._refill_after:
             return
         have = sum(1 for s in self.slots if s.state == "standby")
-        while have < self._scaling.standby and self._budget.has_room():
+        while have < self._scaling.standby and self._budget.has_room(self):
             slot = self._new_slot("standby")
             self._spawn(self._prepare(slot, start_standby), f"standby-{slot.id}")
             have += 1
@@ -468,13 +511,14 @@ class Pool:
         elif self._waiters:
             self._scale_up()  # demand arrived while it prepared
 
-    def drop_standby(self) -> bool:
-        """Stop one standby to make room in the node budget; False if this pool has none."""
+    def drop_standby(self, reason: str) -> bool:
+        """Stop one standby to make room in the node budget (``reason``: the stop metric's
+        label); False if this pool has none."""
         for slot in self.slots:
             if slot.state == "standby":
-                log.info("function %s: standby %s stopped to make room", self.name, slot.id)
-                slot.state = "draining"
-                self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+                log.info("function %s: standby %s stopped to make room (%s)",
+                         self.name, slot.id, reason)  # fmt: skip
+                self._stop_healthy(slot, reason)
                 return True
         return False
 
@@ -522,6 +566,7 @@ class Pool:
         slot.state = "ready"
         slot.last_used = time.monotonic()
         slot.ready_ns = time.time_ns()
+        self._measure(slot)
         log.info("function %s: instance %s ready in %.3fs", self.name, slot.id, elapsed)
         self._dispatch()
         if self._closed and not self._waiters and slot.inflight == 0:
@@ -593,6 +638,8 @@ class Pool:
                     reason = inst.exit_reason if inst is not None else None
                     self._retire(slot, reason or "it died")
                     continue
+                if slot.measured_at is None or now - slot.measured_at >= _REMEASURE_S:
+                    self._measure(slot)
                 if (
                     slot.inflight == 0
                     and now - slot.last_used >= idle_s
@@ -605,8 +652,7 @@ class Pool:
                         slot.id,
                         idle_for,
                     )
-                    slot.state = "draining"
-                    self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+                    self._stop_healthy(slot, "idle_timeout")
             if self._start_failures < 3:
                 self._ensure_min()
             self._fill_standby()
@@ -628,6 +674,37 @@ class Pool:
     def instance_draining(self) -> int:
         return sum(1 for s in self.slots if s.state == "draining")
 
+    def instance_starting(self) -> int:
+        return sum(
+            1
+            for s in self.slots
+            if s.state == "starting" or (s.state == "standby" and not s.prepared)
+        )
+
+    def instance_memory(self) -> int | None:
+        measured = self._private_bytes
+        return int(statistics.median(measured)) if measured else None
+
+    def _measure(self, slot: Slot) -> None:
+        """Note ``slot``'s private memory for the budget's instance cost, where the budget
+        caps by memory. Only the local executor's workers are measured: they are this
+        gateway's processes, in its pid namespace and its memory cgroup; a container's pid is
+        its own namespace's and its memory is charged elsewhere."""
+        inst = slot.instance
+        if self._budget.memory is None or inst is None or inst.executor != "local":
+            return
+        pid = getattr(inst, "pid", None)
+        measured = private_bytes(pid) if isinstance(pid, int) else None
+        slot.measured_at = time.monotonic()
+        if measured is not None:
+            self._private_bytes.append(measured)
+
+    def _stop_healthy(self, slot: Slot, reason: str) -> None:
+        """Stop a healthy instance or standby for ``reason`` (the stop metric's label)."""
+        self._metrics.instance_stops.labels(self.name, reason).inc()
+        slot.state = "draining"
+        self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+
     def _idle_slot(self) -> Slot | None:
         if self._active() <= self._scaling.min_instances:
             return None
@@ -638,13 +715,13 @@ class Pool:
         slot = self._idle_slot()
         return slot.last_used if slot is not None else None
 
-    def evict_idle(self) -> None:
+    def evict_idle(self, reason: str) -> None:
         slot = self._idle_slot()
         if slot is None:
             return
-        log.info("function %s: instance %s stopped to make room for another", self.name, slot.id)
-        slot.state = "draining"
-        self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+        log.info("function %s: instance %s stopped to make room for another (%s)",
+                 self.name, slot.id, reason)  # fmt: skip
+        self._stop_healthy(slot, reason)
 
     def wants_instances(self) -> bool:
         return bool(self._waiters)

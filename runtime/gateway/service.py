@@ -22,7 +22,7 @@ from trims.config import write_atomic
 from trims.errors import AlreadyExists, NotFound, TrimsError, Unavailable, ValidationError
 from trims.runtime.executors.base import Executor, StandbyExecutor
 from trims.runtime.functions.spec import FunctionSpec, parse_spec
-from trims.runtime.gateway.budget import InstanceBudget
+from trims.runtime.gateway.budget import node_budget
 from trims.runtime.gateway.code_rules import check_code
 from trims.runtime.gateway.invocations import Invocations, Outcome
 from trims.runtime.gateway.metrics import GatewayMetrics
@@ -62,8 +62,10 @@ class Gateway:
         self._executors: dict[str, Executor] = {}
         self.pools: dict[str, Pool] = {}
         self.pipelines: dict[str, PipelineSpec] = {}
-        self.metrics = GatewayMetrics(self._instance_counts, self._pending_counts)
-        self.budget = InstanceBudget(settings.max_instances_total)
+        self.budget = node_budget(settings)
+        self.metrics = GatewayMetrics(
+            self._instance_counts, self._pending_counts, self.budget.memory_state
+        )
         self.invocations = Invocations(
             ttl_s=settings.invocation_ttl_s, capacity=settings.max_invocations
         )
