@@ -22,7 +22,7 @@ its time; latency from that time), one V2 JSON infer per request.
   ``trims gateway`` (its defaults; ``--max-connections-per-peer 4096`` because the benchmark's
   client is one local user standing for many), both in the cgroup; every model added to the
   store (its disk tier; the store directory is kept between rates), one function per model
-  (the ``bench/peers.py`` function code, default scaling).
+  (the ``bench/peers_trims.py`` function code, default scaling).
 * ``trims store off``: the gateway alone, pointed at a socket where no daemon listens, so each
   instance loads its own copy of its model from the file (as ``bench/density.py`` runs "no store").
 
@@ -46,7 +46,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -86,7 +86,6 @@ from serverless_trace import (
 )
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("trims", "trims store off")
 #: models timed for the warm-latency calibration
 CALIBRATION_POINTS = 5
 #: the SLO's floor and its multiple of the warm latency
@@ -159,7 +158,7 @@ class TrimsSystem(SystemBase):
                     client.add(m.name, m.path)
 
     def spec(self, m: BenchModel) -> dict[str, Any]:
-        """The ``bench/peers.py`` function, its scaling left at the gateway's defaults."""
+        """The ``bench/peers_trims.py`` function, its scaling left at the gateway's defaults."""
         return {
             "name": m.function,
             "handler": "peersfn:handler",
@@ -196,11 +195,16 @@ class TrimsSystem(SystemBase):
         self.gateway = self.daemon = None
 
 
-def make_system(name: str, root: Path) -> System:
-    slug = re.sub(r"[^a-z0-9]+", "-", name)
-    if name in ("trims", "trims store off"):
-        return TrimsSystem(root / slug, store=name == "trims")
-    raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name)
+
+
+#: every system by the name ``--systems`` takes: a factory given the folder it may keep
+#: state in between rates (a peer adapter plugs in here)
+SYSTEMS: dict[str, Callable[[Path], System]] = {
+    "trims": lambda root: TrimsSystem(root / "trims", store=True),
+    "trims store off": lambda root: TrimsSystem(root / "trims-store-off", store=False),
+}
 
 
 # ---- models and their SLOs ------------------------------------------------------------------
@@ -293,7 +297,7 @@ async def run_rate(
     functions = [f.name for f in trace.functions]
     bodies = [v2_body(m.width) for m in models]
     budget = int(args.budget_mib * MIB)
-    name = f"trims-bench-{os.getpid()}-{re.sub(r'[^a-z0-9]+', '-', system.name)}"
+    name = f"trims-bench-{os.getpid()}-{_slug(system.name)}"
     evict_page_cache([args.models_dir, args.workdir])
     connector = aiohttp.TCPConnector(limit=4096)
     timeout = aiohttp.ClientTimeout(total=args.client_timeout)
@@ -350,7 +354,7 @@ async def run_system(
     slo_s: Sequence[float],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    system = make_system(name, args.workdir)
+    system = SYSTEMS[name](args.workdir)
 
     async def at(scale: float) -> dict[str, Any]:
         return await run_rate(system, trace, models, slo_s, scale, args)
