@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import re
-import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -29,33 +28,22 @@ from runtime_common import free_port
 SERVER = HERE / "peers_kserve" / "peers_server.py"
 #: uvicorn's line, with the pid KServe's log format puts first, when a process serves
 STARTED = re.compile(r"^\S+ \S+ (\d+) uvicorn\.error INFO:\s+Application startup complete", re.M)
-#: Rounds of one request per worker, each on a new connection, to reach every worker.
-WARM_ROUNDS = 50
 #: How long the processes the group leader left may take to die once killed.
 EXIT_TIMEOUT_S = 10.0
-
-
-def input_width(path: Path) -> int:
-    """The input width of a safetensors model: ``layers.0.weight`` is [out, in]."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    return int(header["layers.0.weight"]["shape"][1])
 
 
 class KServeServer(PeerServer):
     """KServe's workers accept from one shared listening socket, and a connection stays with
     the worker that accepted it: a client's pooled connections reach the workers by the race
     for each accept, so n concurrent requests need not meet n workers (1 of 4 tries met all 4
-    here). :meth:`wait` therefore also waits for every worker to serve, and has each of them
-    run every model's forward pass once, over new connections (a connection per request goes
-    to whichever worker is idle), so every replica has read its weights."""
+    here). :meth:`wait` therefore also waits for every worker to serve; bench/peers.py then
+    has every replica run a forward pass over new connections (a connection per request goes
+    to whichever worker is idle)."""
 
     def __init__(
         self,
         port: int,
         processes: int,
-        widths: dict[str, int],
         cmd: list[str],
         log: Path,
         env: dict[str, str],
@@ -63,7 +51,7 @@ class KServeServer(PeerServer):
     ):
         super().__init__(cmd, log, env, cwd)
         self.url = f"http://127.0.0.1:{port}"
-        self.processes, self.widths = processes, widths
+        self.processes = processes
 
     def serving(self) -> set[int]:
         """The live processes whose uvicorn has started serving."""
@@ -80,29 +68,9 @@ class KServeServer(PeerServer):
             if len(self.serving()) < self.processes:
                 raise RuntimeError(f"fewer than {self.processes} KServe workers serve yet")
 
+        # bench/peers.py then has every worker answer, over new connections
         await super().wait(session, all_serving)
-        await self._warm()
         return answer
-
-    async def _warm(self) -> None:
-        import aiohttp
-
-        workers = self.serving()
-        connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as fresh:
-            for model, width in self.widths.items():
-                infer = self.infer(fresh, model, width)
-                assert infer is not None
-                seen: set[int] = set()
-                for _ in range(WARM_ROUNDS):
-                    seen |= set(await asyncio.gather(*(infer.pid() for _ in workers)))
-                    if workers <= seen:
-                        break
-                else:
-                    raise RuntimeError(
-                        f"{len(workers - seen)} of {len(workers)} KServe workers did not answer "
-                        f"{model} in {WARM_ROUNDS} rounds of new connections"
-                    )
 
     def stop(self) -> None:
         """Also waits for the group's other processes (multiprocessing's resource tracker
@@ -142,10 +110,6 @@ class KServe(Peer):
     packages = ("kserve==0.21.0", "torch==2.13.0", "safetensors", "numpy")
     version_module = "kserve"
     load_api = True
-    #: its replicas are processes, but the answers to n concurrent requests on a client's
-    #: pooled connections need not come from n of them (see KServeServer); wait() has every
-    #: worker answer instead
-    process_replicas = False
     configuration = (
         "custom kserve.Model (safetensors load_file, mmap) in kserve.ModelServer; workers "
         "(uvicorn processes, spawned after the models load) = N for N replicas, 1 (the server "
@@ -173,9 +137,8 @@ class KServe(Peer):
         }
         (folder / "config.json").write_text(json.dumps(config))
         cmd = [str(self.venv.python), str(SERVER), str(folder / "config.json")]
-        widths = {m.name: input_width(m.path) for m in models} if loaded else {}
         log = folder / "server.log"
-        return KServeServer(port, max(1, workers), widths, cmd, log, self.env(), folder)
+        return KServeServer(port, max(1, workers), cmd, log, self.env(), folder)
 
     async def live(self, session: Any, server: PeerServer) -> None:
         assert isinstance(server, KServeServer)

@@ -286,12 +286,18 @@ def log_run(system: str, case: str, cache: str, run: int, r: ColdRun) -> None:
 
 async def replicas_ran(infer: Infer, n: int, processes: bool = True) -> set[int]:
     """Concurrent full forward passes until ``n`` different processes answered (each of them
-    has then read every weight); for replicas inside one process, 8 rounds of ``n``."""
+    has then read every weight); for replicas inside one process, 8 rounds of ``n``. Each
+    request on a new connection: a server whose processes share one listening socket (KServe,
+    uvicorn workers) balances connections, not requests."""
+    import aiohttp
+
     seen: set[int] = set()
-    for _ in range(50 if processes else 8):
-        seen |= set(await asyncio.gather(*(infer.pid() for _ in range(n))))
-        if processes and len(seen) >= n:
-            return seen
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+        each = Infer(fresh, infer.url, infer.request, infer.answer_pid)
+        for _ in range(50 if processes else 8):
+            seen |= set(await asyncio.gather(*(each.pid() for _ in range(n))))
+            if processes and len(seen) >= n:
+                return seen
     if processes:
         raise RuntimeError(f"only {len(seen)} of {n} replicas answered after 50 rounds")
     return seen
