@@ -12,10 +12,11 @@ Where the files are::
     /proc/self/mountinfo  where the hierarchy is mounted, and which of its cgroups is the
                           mount's root (in a container, often the container's own cgroup)
     v1  <mount>/a/b/memory.limit_in_bytes, memory.usage_in_bytes,
-                    memory.max_usage_in_bytes, memory.oom_control ("oom_kill N")
+                    memory.max_usage_in_bytes, memory.oom_control ("oom_kill N"),
+                    memory.stat ("total_inactive_file N")
     v2  <mount>/a/b/memory.max ("max" or bytes), memory.current, memory.peak (Linux 5.19+),
-                    memory.events ("oom_kill N"); memory only where cgroup.controllers
-                    lists it
+                    memory.events ("oom_kill N"), memory.stat ("inactive_file N"); memory
+                    only where cgroup.controllers lists it
 
 The effective limit is the smallest limit of the cgroup and every ancestor visible under the
 mount (a cgroup without a limit of its own is bound by its parent's, and the files show only
@@ -51,6 +52,9 @@ _FILES = {
         "memory.oom_control"),
     2: ("memory.max", "memory.current", "memory.peak", "memory.events"),
 }  # fmt: skip
+#: Per version: the ``memory.stat`` key of the inactive file pages of the cgroup and its
+#: descendants, as its usage counts them (v1's ``inactive_file`` is the cgroup's own).
+_INACTIVE_FILE = {1: "total_inactive_file", 2: "inactive_file"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,17 @@ class MemoryCgroup:
     version: int | None
     #: The cgroup as ``/proc/<pid>/cgroup`` names it; None without a memory cgroup.
     path: str | None
+    #: Bytes of the usage that are file pages nobody touched lately (``memory.stat``): the
+    #: kernel reclaims them before it OOM-kills anything.
+    inactive_file_bytes: int | None = None
+
+    @property
+    def working_set_bytes(self) -> int | None:
+        """Usage less inactive file pages (what the kubelet and ``docker stats`` report): the
+        memory the cgroup cannot give back without killing or swapping; None where unknown."""
+        if self.usage_bytes is None:
+            return None
+        return max(0, self.usage_bytes - (self.inactive_file_bytes or 0))
 
 
 def memory_cgroup(pid: int | None = None, *, root: Path = Path("/")) -> MemoryCgroup:
@@ -103,6 +118,7 @@ def memory_cgroup(pid: int | None = None, *, root: Path = Path("/")) -> MemoryCg
         oom_kills=_oom_kills(found.directory / events_file),
         version=found.version,
         path=found.path,
+        inactive_file_bytes=_keyed(found.directory / "memory.stat", _INACTIVE_FILE[found.version]),
     )
 
 
@@ -227,9 +243,14 @@ def _int(path: Path) -> int | None:
 
 
 def _oom_kills(path: Path) -> int | None:
+    return _keyed(path, "oom_kill")
+
+
+def _keyed(path: Path, key: str) -> int | None:
+    """The value of ``key`` in a flat-keyed file of "key value" lines; None if absent."""
     for line in (_read(path) or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
+        name, _, value = line.partition(" ")
+        if name == key:
             try:
                 return int(value)
             except ValueError:

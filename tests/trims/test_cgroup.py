@@ -175,6 +175,35 @@ def test_v2_peak_is_read_where_the_kernel_has_it(tmp_path: Path) -> None:
     assert (got.limit_bytes, got.peak_bytes) == (MiB, 999)
 
 
+def test_working_set_is_usage_less_inactive_file_pages(tmp_path: Path) -> None:
+    """v1 counts the cgroup's descendants under ``total_inactive_file`` (its usage counts them
+    too), v2 under ``inactive_file``; without memory.stat the working set is the usage."""
+    stat_v1 = "inactive_file 1\ntotal_inactive_file 1000\nactive_file 7\n"
+    v1 = fake_tree(
+        tmp_path / "v1",
+        cgroup="4:memory:/a\n",
+        mountinfo=V1_MOUNTS,
+        files={
+            **v1_files("/a", f"{GiB}", usage="4096\n"),
+            "/sys/fs/cgroup/memory/a/memory.stat": stat_v1,
+        },
+    )
+    got = memory_cgroup(root=v1)
+    assert (got.inactive_file_bytes, got.working_set_bytes) == (1000, 3096)
+    v2 = fake_tree(
+        tmp_path / "v2",
+        cgroup="0::/a\n",
+        mountinfo=V2_MOUNTS,
+        files={**v2_files("/a", f"{GiB}"), "/sys/fs/cgroup/a/memory.stat": "inactive_file 456\n"},
+    )
+    assert memory_cgroup(root=v2).working_set_bytes == 123000
+    bare = fake_tree(
+        tmp_path / "bare", cgroup="0::/a\n", mountinfo=V2_MOUNTS, files=v2_files("/a", f"{GiB}")
+    )
+    got = memory_cgroup(root=bare)
+    assert (got.inactive_file_bytes, got.working_set_bytes) == (None, 123456)
+
+
 def test_v2_without_the_memory_controller_is_no_memory_cgroup(tmp_path: Path) -> None:
     """Hybrid machines mount v2 with no controllers (memory is bound to v1, or to nothing)."""
     root = fake_tree(
