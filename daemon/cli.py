@@ -58,6 +58,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "file for a root daemon where shmem huge pages are off, memfd otherwise (see "
         "docs/store.md) [auto; $TRIMS_CPU_BACKING]",
     )
+    parser.add_argument(
+        "--memory-high-watermark",
+        help="share of the memory limit (where a cgroup limits the daemon) at which unleased "
+        "models leave the cpu tier for the disk tier, and past which a load into the cpu tier "
+        "is refused when nothing can leave; 'off': neither (see docs/store.md) "
+        "[0.9; $TRIMS_MEMORY_HIGH_WATERMARK]",
+    )
+    parser.add_argument(
+        "--memory-low-watermark",
+        help="share of the memory limit that demotion brings memory under "
+        "[0.8; $TRIMS_MEMORY_LOW_WATERMARK]",
+    )
     parser.add_argument("--disk-budget", help="disk for models [64GiB; $TRIMS_DISK_BUDGET]")
     parser.add_argument("--gpu-budget", help="device memory per GPU [0 = off; $TRIMS_GPU_BUDGET]")
     parser.add_argument(
@@ -138,6 +150,27 @@ def _download_limits(args: argparse.Namespace, env: Mapping[str, str]) -> dict[s
         except ValueError as e:
             raise ValidationError(
                 f"invalid --{name.replace('_', '-')} {text!r}: use a number of seconds"
+            ) from e
+    return values
+
+
+def _memory_watermarks(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """memory_high_watermark ("off": None) and memory_low_watermark from argv, then $TRIMS_*,
+    if given."""
+    values: dict[str, Any] = {}
+    for name in ("memory_high_watermark", "memory_low_watermark"):
+        text = getattr(args, name, None) or env.get(f"TRIMS_{name.upper()}") or None
+        if text is None:
+            continue
+        if name == "memory_high_watermark" and text.strip().lower() == "off":
+            values[name] = None
+            continue
+        try:
+            values[name] = float(text)
+        except ValueError as e:
+            raise ValidationError(
+                f"invalid --{name.replace('_', '-')} {text!r}: use a share of the memory "
+                "limit, e.g. 0.9" + (", or 'off'" if name == "memory_high_watermark" else "")
             ) from e
     return values
 
@@ -250,6 +283,7 @@ def build_settings(
         crash_point=getattr(args, "crash_point", None),
         limits=build_limits(args, env),
         **_download_limits(args, env),
+        **_memory_watermarks(args, env),
     )
     return settings, per_tier, log_level(args, env)
 
@@ -308,8 +342,10 @@ async def serve(settings: DaemonSettings, policies: dict[str, str]) -> int:
     store = Store(settings, metrics, policies=policies, gpu=gpu)
     metrics_server: MetricsServer | None = None
     server = Server(settings, store, metrics)
+    watch: asyncio.Task[None] | None = None
     try:
         store.start()
+        watch = asyncio.create_task(store.res.watch_memory(), name="memory pressure")
         if settings.metrics_address:
             metrics_server = MetricsServer(metrics, settings.metrics_address)
         await server.start()
@@ -326,6 +362,8 @@ async def serve(settings: DaemonSettings, policies: dict[str, str]) -> int:
         await stop.wait()
         log.info("stopping: no new connections; closing clients and removing socket files")
     finally:
+        if watch is not None:
+            watch.cancel()
         await server.close()
         if metrics_server is not None:
             metrics_server.close()

@@ -103,9 +103,12 @@ def choose_victims(
     evictable: Callable[[Resident], bool],
 ) -> list[Resident] | None:
     """Residents to evict, in policy order, freeing at least ``needed`` bytes; None if none do."""
-    if policy == "never":
-        return None if needed > 0 else []
-    candidates = sorted((r for r in residents if evictable(r)), key=_RANK[policy])
+    return enough(ranked(residents, policy, evictable), needed)
+
+
+def enough(candidates: Iterable[Resident], needed: float) -> list[Resident] | None:
+    """The shortest prefix of ``candidates`` whose sizes add up to ``needed``; None if all of
+    them together do not."""
     chosen: list[Resident] = []
     freed = 0
     for r in candidates:
@@ -114,3 +117,12 @@ def choose_victims(
         chosen.append(r)
         freed += r.size
     return chosen if freed >= needed else None
+
+
+def ranked(
+    residents: Iterable[Resident], policy: str, evictable: Callable[[Resident], bool]
+) -> list[Resident]:
+    """The evictable residents, the first to go first by ``policy`` (none under "never")."""
+    if policy == "never":
+        return []
+    return sorted((r for r in residents if evictable(r)), key=_RANK[policy])

@@ -130,6 +130,37 @@ class DaemonMetrics:
             registry=r,
         )
         self.memory_usage.set_function(lambda: _or_nan(memory_cgroup().usage_bytes))
+        self.memory_working_set = Gauge(
+            "trims_daemon_memory_working_set_bytes",
+            "The cgroup's usage less its inactive file pages (which the kernel reclaims before "
+            "it kills): what memory pressure compares with the watermarks; NaN without a "
+            "memory cgroup",
+            registry=r,
+        )
+        self.memory_working_set.set_function(lambda: _or_nan(memory_cgroup().working_set_bytes))
+        self.memory_pressure = Gauge(
+            "trims_daemon_memory_pressure",
+            "1 from a check that found the working set at or above the high watermark of the "
+            "limit until one finds it under the low watermark, else 0 (also 0 where no cgroup "
+            "limits the daemon)",
+            registry=r,
+        )
+        self.demotions = Counter(
+            "trims_daemon_demotions",
+            "Model copies that left a memory tier while their layout stays on disk, by tier and "
+            "reason: budget (room for another load), memory_pressure, request (evict), changed "
+            "(the disk file changed or was deleted), removed (the model was)",
+            ["tier", "reason"],
+            registry=r,
+        )
+        self.loads_refused = Counter(
+            "trims_daemon_loads_refused",
+            "Loads into a memory tier refused with resource_exhausted, by tier and reason: "
+            "memory (past the high watermark with nothing unleased to demote), budget (the "
+            "tier's budget held by leased or pinned copies)",
+            ["tier", "reason"],
+            registry=r,
+        )
 
 
 def _or_nan(value: int | None) -> float:

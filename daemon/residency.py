@@ -21,6 +21,7 @@ from trims.daemon.catalog import Catalog, ModelRecord
 from trims.daemon.eviction import Resident, TierLedger
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.pressure import MemoryPressure, MemorySource
 from trims.daemon.settings import DaemonSettings
 from trims.daemon.tiers import chunks
 from trims.daemon.tiers.chunks import ChunkDigests
@@ -54,6 +55,7 @@ class Residency:
         *,
         policies: dict[str, str],
         gpu: GpuTier | None,
+        memory: MemorySource | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -86,6 +88,15 @@ class Residency:
         #: Disk blobs verified this run, with the stamp they were verified under
         #: (Note [disk re-verification]).
         self._verified: dict[str, Stamp] = {}
+        #: Demotes CPU-tier copies where the cgroup's memory runs short (Note [memory
+        #: pressure] in trims.daemon.pressure); None: off.
+        self.pressure: MemoryPressure | None = None
+        high = settings.memory_high_watermark
+        if memory is not None and high is not None:
+            self.pressure = MemoryPressure(memory, high, settings.memory_low_watermark)
+        #: Whether this pressure's "nothing left to demote" was logged (once per episode).
+        self._stuck_logged = False
+        metrics.memory_pressure.set(0)
         for t, ledger in (*self.ledgers.items(), ("disk", self.disk_ledger)):
             metrics.bytes_budget.labels(t).set(ledger.budget)
             metrics.hashed_bytes.labels(t)  # exported as 0 until something is hashed
@@ -152,7 +163,9 @@ class Residency:
         self._verified.pop(digest, None)
         resident = self.ledgers["cpu"].residents.get(digest)
         if resident is not None and self.cpu.holds_file(digest):
-            self.evict("cpu", resident, f"it is the disk file being deleted: {reason}")
+            self.evict(
+                "cpu", resident, f"it is the disk file being deleted: {reason}", cause="changed"
+            )
         if self.disk.contains(digest) or self.disk.path(digest).exists():
             try:
                 self.disk.remove(digest)
@@ -310,7 +323,9 @@ class Residency:
 
         return ok
 
-    def evict(self, tier: str, resident: Resident, reason: str) -> None:
+    def evict(self, tier: str, resident: Resident, reason: str, *, cause: str) -> None:
+        """Free a memory tier's copy; the layout stays on disk. ``reason`` is for the log,
+        ``cause`` the metric's reason (trims_daemon_demotions_total)."""
         with _tracer.start_as_current_span("evict") as span:
             span.set_attribute("trims.tier", tier)
             span.set_attribute("trims.digest", resident.digest)
@@ -318,6 +333,7 @@ class Residency:
             del self.ledgers[tier].residents[resident.digest]
             self.evictions[tier] += 1
             self.metrics.evictions.labels(tier).inc()
+            self.metrics.demotions.labels(tier, cause).inc()
             names = ", ".join(r.key for r in self.catalog.by_digest(resident.digest)) or "?"
             log.info(
                 "model %s evicted from %s tier (%s; %s freed)",
@@ -338,7 +354,9 @@ class Residency:
             resident = ledger.residents.get(record.digest)
             if resident is not None and tier == "cpu" and not self.cpu.current(record.digest):
                 self._verified.pop(record.digest, None)
-                self.evict(tier, resident, "its disk file changed since it was verified")
+                self.evict(
+                    tier, resident, "its disk file changed since it was verified", cause="changed"
+                )
                 resident = None
             if resident is not None:
                 return resident
@@ -366,13 +384,22 @@ class Residency:
                 span.set_attribute("trims.model", record.key)
                 await self.ensure_disk(record)
                 size = record.total_bytes
-                victims = ledger.plan(size, self._evictable(tier))
+                victims, demoted = self._room(tier, record)
                 for victim in victims:
                     self.evict(
                         tier,
                         victim,
                         f"budget {format_size(ledger.budget)}, "
                         f"needed {format_size(size)} for {record.key}",
+                        cause="budget",
+                    )
+                for victim in demoted:
+                    self.evict(
+                        tier,
+                        victim,
+                        f"memory pressure: loading {record.key} ({format_size(size)}) would "
+                        "take the node past its high watermark",
+                        cause="memory_pressure",
                     )
                 ledger.reserved += size
                 started = time.monotonic()
@@ -408,6 +435,75 @@ class Residency:
                 self.update_gauges()
 
         await self.single_flight((tier, record.digest), load)
+
+    def _room(self, tier: str, record: ModelRecord) -> tuple[list[Resident], list[Resident]]:
+        """The copies a load of ``record`` into ``tier`` evicts: for the tier's budget, then
+        for memory (Note [memory pressure] in trims.daemon.pressure); ResourceExhausted, with
+        nothing evicted, where either cannot make room."""
+        ledger, size = self.ledgers[tier], record.total_bytes
+        evictable = self._evictable(tier)
+        try:
+            victims = ledger.plan(size, evictable)
+        except ResourceExhausted:
+            self.metrics.loads_refused.labels(tier, "budget").inc()
+            raise
+        if tier != "cpu" or self.pressure is None:
+            return victims, []
+        try:
+            demoted = self.pressure.room_for(size, ledger, evictable, victims, record.key)
+        except ResourceExhausted as e:
+            self.metrics.loads_refused.labels(tier, "memory").inc()
+            log.warning("model %s not loaded: %s", record.key, e.message)
+            raise
+        finally:
+            self.metrics.memory_pressure.set(int(self.pressure.pressed))
+        return victims, demoted
+
+    def relieve_pressure(self) -> None:
+        """One check of the cgroup's memory: at or above the high watermark, demote unleased
+        CPU-tier copies until the working set is under the low one (Note [memory pressure]
+        in trims.daemon.pressure)."""
+        if self.pressure is None:
+            return
+        was_pressed = self.pressure.pressed
+        relief = self.pressure.check(self.ledgers["cpu"], self._evictable("cpu"))
+        if relief is not None:
+            reading = relief.reading
+            where = (
+                f"working set {format_size(reading.working_set_bytes)} of the "
+                f"{format_size(reading.limit_bytes)} limit, high watermark "
+                f"{self.pressure.high:.0%}"
+            )
+            for victim in relief.victims:
+                self.evict("cpu", victim, f"memory pressure: {where}", cause="memory_pressure")
+            if relief.victims:
+                self.pressure.after(self.pressure.source())
+            elif not self._stuck_logged:
+                self._stuck_logged = True
+                log.warning(
+                    "memory pressure: %s, and no copy in the cpu tier can be demoted (%d "
+                    "leased or pinned, %s): loads into the cpu tier that need memory are "
+                    "refused until leases end or the node's other processes free memory",
+                    where,
+                    len(relief.held),
+                    format_size(sum(r.size for r in relief.held)),
+                )
+        if not self.pressure.pressed:
+            self._stuck_logged = False
+            if was_pressed:
+                log.info("memory pressure over: the working set is under the low watermark")
+        self.metrics.memory_pressure.set(int(self.pressure.pressed))
+
+    async def watch_memory(self) -> None:
+        """Check the cgroup's memory every ``memory_check_interval`` seconds until cancelled;
+        a check that fails is logged and the next one runs."""
+        while True:
+            try:
+                self.relieve_pressure()
+            except Exception:
+                log.exception("memory pressure check failed; the next runs in %.1f s",
+                              self.settings.memory_check_interval)  # fmt: skip
+            await asyncio.sleep(self.settings.memory_check_interval)
 
     # Note [disk re-verification]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

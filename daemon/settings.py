@@ -169,8 +169,32 @@ class DaemonSettings:
     #: Seconds a download may wait for a connection or for its next byte. Default 60 s: rides
     #: out a busy server; a silent one is cut off long before the deadline.
     download_stall_timeout: float = 60.0
+    #: Share of the memory limit at which unleased CPU-tier copies are demoted to the disk
+    #: tier, and which a load into the CPU tier may not take the working set past (Note
+    #: [memory pressure] in trims.daemon.pressure); None: off. Counts only where a cgroup
+    #: limits the daemon below the machine's memory. Default 0.9, as the gateway's: the last
+    #: tenth is room for what grows between two checks (an instance's activations, a request
+    #: buffer) before the kernel OOM-kills at the limit.
+    memory_high_watermark: float | None = 0.9
+    #: Share of the limit that demotion, once started, brings the working set under. Default
+    #: 0.8: stopping just under the high watermark would demote one copy per check while the
+    #: other processes grow, and every demoted model costs a load when it is next used.
+    memory_low_watermark: float = 0.8
+    #: Seconds between checks of the cgroup's memory (beside the check at each load into the
+    #: CPU tier). Default 1 s: the other processes of a shared cgroup grow by an instance's
+    #: start or a burst of requests in about that, and a check reads three small files.
+    memory_check_interval: float = 1.0
 
     def __post_init__(self) -> None:
+        high, low = self.memory_high_watermark, self.memory_low_watermark
+        if high is not None and not 0 < low < high <= 1:
+            raise ValidationError(
+                f"memory watermarks must satisfy 0 < low < high <= 1 (shares of the memory "
+                f"limit), not low {low} and high {high}; e.g. --memory-low-watermark 0.8 "
+                "--memory-high-watermark 0.9"
+            )
+        if not self.memory_check_interval > 0:
+            raise ValidationError("memory_check_interval must be a positive number of seconds")
         if self.eviction not in EVICTION_POLICIES:
             raise ValidationError(
                 f"unknown eviction policy {self.eviction!r}; use one of {EVICTION_POLICIES}"

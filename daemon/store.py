@@ -23,6 +23,7 @@ from trims.daemon.catalog import AccessList, Catalog, ModelRecord, not_found
 from trims.daemon.crashpoints import arm, crashpoint
 from trims.daemon.leases import LeaseTable
 from trims.daemon.metrics import DaemonMetrics
+from trims.daemon.pressure import MemorySource, cgroup_memory
 from trims.daemon.private import private_dir
 from trims.daemon.residency import MEMORY_TIERS, TIERS, Residency
 from trims.daemon.settings import DaemonSettings
@@ -74,7 +75,10 @@ class Store:
         *,
         policies: dict[str, str] | None = None,
         gpu: GpuTier | None = None,
+        memory: MemorySource | None = cgroup_memory,
     ) -> None:
+        """``memory`` reads the cgroup's memory for Note [memory pressure] (in
+        trims.daemon.pressure); None: no demotion for memory."""
         self.settings = settings
         self.metrics = metrics
         arm(settings.crash_point)
@@ -82,7 +86,13 @@ class Store:
         self.catalog = Catalog(settings.store_dir / "catalog.sqlite")
         self.leases = LeaseTable()
         self.res = Residency(
-            settings, metrics, self.catalog, self.leases, policies=policies or {}, gpu=gpu
+            settings,
+            metrics,
+            self.catalog,
+            self.leases,
+            policies=policies or {},
+            gpu=gpu,
+            memory=memory,
         )
         self.connections = 0
         self._manifests: dict[str, Manifest] = {}
@@ -363,7 +373,9 @@ class Store:
             return
         resident = self.res.ledgers[tier].residents.get(digest)
         if resident is not None and not self.catalog.by_digest(digest):
-            self.res.evict(tier, resident, "its model was removed and its last lease ended")
+            self.res.evict(
+                tier, resident, "its model was removed and its last lease ended", cause="removed"
+            )
 
     def info(self, caller: Caller, name: str, version: str | None) -> StoreReply:
         record = self._resolve(caller, name, version)
@@ -437,14 +449,15 @@ class Store:
                     # The cpu tier's copy is this very file (Note [page-cache copies]).
                     self._check_evictable(record, "cpu")
                     self.res.evict("cpu", self.res.ledgers["cpu"].residents[record.digest],
-                                   "its disk file was evicted on request")  # fmt: skip
+                                   "its disk file was evicted on request",
+                                   cause="request")  # fmt: skip
                     evicted.append("cpu")
                 self.res.evict_disk(record.digest, "evicted on request")
                 evicted.append(t)
                 continue
             resident = self.res.ledgers[t].residents.get(record.digest)
             if resident is not None:
-                self.res.evict(t, resident, "evicted on request")
+                self.res.evict(t, resident, "evicted on request", cause="request")
                 evicted.append(t)
         self._update_gauges()
         return StoreReply({"evicted": evicted, "model": self.model_dict(record, admin=True)})
@@ -594,7 +607,7 @@ class Store:
             for t in MEMORY_TIERS:
                 resident = self.res.ledgers[t].residents.get(r.digest)
                 if resident is not None and not self.leases.count(t, r.digest):
-                    self.res.evict(t, resident, f"model {r.key} was removed")
+                    self.res.evict(t, resident, f"model {r.key} was removed", cause="removed")
             if self.res.disk.contains(r.digest):
                 self.res.disk.remove(r.digest)
                 self.res.sync_disk_ledger()

@@ -3,23 +3,32 @@
 The sizing rule from settings (half the limit by default; a configured budget above the limit
 less the daemon's reserve is lowered to that, with one warning), then a real daemon started
 inside a real memory cgroup (tests/fixtures/cgroup.py): its budget, its log and its
-``trims_daemon_memory_*`` gauges.
+``trims_daemon_memory_*`` gauges, and how it gives memory back when the cgroup's other
+processes need it (Note [memory pressure] in trims.daemon.pressure; the policy's cases are in
+test_memory_pressure.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
+import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tests.daemon.holders import Holder
 from tests.daemon.rawclient import RawClient
-from tests.fixtures.cgroup import MemoryCgroups, memory_cgroups
+from tests.fixtures.cgroup import Cgroup, MemoryCgroups, memory_cgroups
+from tests.fixtures.gateway import wait_until
+from tests.fixtures.store import seed_layout
 from trims import daemon_process
-from trims.cgroup import MemoryCgroup, memory_cgroup
+from trims.cgroup import MemoryCgroup, find_memory_cgroup, memory_cgroup
 from trims.daemon.cli import build_settings, configure
 from trims.daemon.settings import DAEMON_MEMORY_RESERVE, cpu_budget_ceiling
 
@@ -94,16 +103,27 @@ def cgroups() -> Iterator[MemoryCgroups]:
 def daemon_in_cgroup(
     cgroups: MemoryCgroups, tmp_path: Path
 ) -> Iterator[Callable[..., daemon_process.Started]]:
-    """Factory: ``daemon_in_cgroup(limit, **options)`` -> a ready `trims daemon` that runs in
-    a new memory cgroup of ``limit`` bytes from its first instruction; stopped at teardown,
-    before the cgroups go."""
+    """Factory: ``daemon_in_cgroup(limit, models=None, **options)`` -> a ready `trims daemon`
+    that runs in a new memory cgroup of ``limit`` bytes from its first instruction; stopped at
+    teardown, before the cgroups go. ``models`` (name: tensors) are seeded into its store
+    first and their blobs dropped from the page cache, so the daemon's own reads charge its
+    cgroup, as for models it added itself."""
     started: list[daemon_process.Started] = []
 
-    def start(limit: int, **options: object) -> daemon_process.Started:
+    def start(
+        limit: int, models: Mapping[str, Mapping[str, np.ndarray]] | None = None, **options: object
+    ) -> daemon_process.Started:
         cgroup = cgroups.make(limit=limit)
         root = tmp_path / f"daemon{len(started)}"
         socket = root / "run" / "store.sock"
         socket.parent.mkdir(parents=True)
+        for name, tensors in (models or {}).items():
+            seed_layout(root / "store", name, tensors)
+        for blob in (root / "store" / "disk").rglob("*"):
+            if blob.is_file():
+                fd = os.open(blob, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
         argv = daemon_process.daemon_command(socket, store_dir=root / "store", options=options)
         daemon = daemon_process.launch(
             cgroups.command(cgroup, argv),
@@ -158,3 +178,91 @@ def test_daemon_in_a_cgroup_clamps_a_budget_above_its_limit(
     assert len(warnings) == 1, warnings
     assert "--cpu-budget 1.0 GiB is more than this daemon may use" in warnings[0]
     assert "memory limit is 512.0 MiB" in warnings[0] and "using 384.0 MiB" in warnings[0]
+
+
+#: A process of the daemon's cgroup that takes memory: argv[1] bytes, written, held until its
+#: stdin closes (an instance's interpreter, framework and activations).
+_BALLAST = "import sys; b = b'\\1' * int(sys.argv[1]); print('ready', flush=True); sys.stdin.read()"
+
+
+def _in_cpu(daemon: daemon_process.Started) -> set[str]:
+    with RawClient(Path(daemon.match["socket"])) as client:
+        models = client.result("list")["models"]
+    return {m["name"] for m in models if "cpu" in m["tiers"]}
+
+
+@pytest.mark.parametrize("backing", ["memfd", "file"])
+def test_under_memory_pressure_unleased_models_move_to_disk_and_leased_ones_stay(
+    daemon_in_cgroup: Callable[..., daemon_process.Started], cgroups: MemoryCgroups, backing: str
+) -> None:
+    """512 MiB shared by the daemon (four 48 MiB models in its cpu tier, one leased by a
+    client outside the cgroup) and another process that takes the cgroup past 90%: the
+    least recently used unleased models leave memory until it is under 80%, the leased one
+    stays and its client reads it, a demoted one is served again, and nothing is OOM-killed."""
+    limit, size = 512 * MiB, 48 * MiB
+    models = {
+        f"m{i}": {"w": np.full(16, i, np.float32), "pad": np.full(size // 4, i, np.float32)}
+        for i in range(4)
+    }
+    daemon = daemon_in_cgroup(limit, models, cpu_backing=backing, metrics_address="127.0.0.1:0")
+    socket = Path(daemon.match["socket"])
+    assert daemon.metrics_url is not None
+    holder = Holder(socket, "m0")
+    ballast: subprocess.Popen[str] | None = None
+    try:
+        with RawClient(socket) as client:
+            for name in ("m1", "m2", "m3"):  # least recently used first
+                result, fds = client.call("acquire", name=name)
+                for fd in fds:
+                    os.close(fd)
+                client.result("release", lease=result["lease"])
+        assert _in_cpu(daemon) == {"m0", "m1", "m2", "m3"}
+        found = find_memory_cgroup(daemon.pid)
+        assert found is not None
+        before = memory_cgroup(daemon.pid)
+        assert before.limit_bytes == limit and before.working_set_bytes is not None
+        # the daemon charges its models: the ballast takes the cgroup to 93%
+        assert before.working_set_bytes > 4 * size
+        take = int(0.93 * limit) - before.working_set_bytes
+        ballast = subprocess.Popen(
+            cgroups.command(Cgroup(found.directory, found.path), [sys.executable, "-c", _BALLAST,
+                                                                  str(take)]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert ballast.stdout is not None and ballast.stdout.readline() == "ready\n"
+
+        def relieved() -> bool:
+            m = _scrape(str(daemon.metrics_url))
+            return (
+                m.get('trims_daemon_demotions_total{reason="memory_pressure",tier="cpu"}', 0) > 0
+                and m["trims_daemon_memory_pressure"] == 0
+            )
+
+        assert wait_until(relieved, timeout_s=30), daemon.log.read_text()[-3000:]
+        left = _in_cpu(daemon)
+        demoted = [name for name in ("m1", "m2", "m3") if name not in left]
+        assert "m0" in left and demoted == ["m1", "m2", "m3"][: len(demoted)]
+        after = memory_cgroup(daemon.pid)
+        assert after.working_set_bytes is not None and after.working_set_bytes < 0.8 * limit
+        assert holder.ask("read")["values"] == [0.0] * 16
+        # a demoted model is served again: its acquire loads it back (room under 90% now)
+        with RawClient(socket) as client:
+            result, mapping = client.acquire_map("m1")
+            entry = next(t for t in result["manifest"]["tensors"] if t["name"] == "pad")
+            pad = np.frombuffer(mapping, np.float32, entry["nbytes"] // 4, entry["offset"])
+            assert (pad == 1).all()
+            del pad
+            mapping.close()
+        assert "m1" in _in_cpu(daemon)
+    finally:
+        if ballast is not None:
+            assert ballast.stdin is not None and ballast.stdout is not None
+            ballast.stdin.close()
+            ballast.wait(30)
+            ballast.stdout.close()
+        holder.close()
+    final = memory_cgroup(daemon.pid)
+    assert final.oom_kills == 0
+    assert final.peak_bytes is not None and final.peak_bytes <= limit
