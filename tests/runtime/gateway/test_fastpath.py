@@ -8,21 +8,25 @@ date); what the fast path does not answer reaches aiohttp whole, and the connect
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 from aiohttp import web
 
-from tests.fixtures.gateway import ADMIN, RunningGateway, echo_spec
+from tests.fixtures.gateway import ADMIN, RunningGateway, doubler_spec, echo_spec
 from trims.errors import UpstreamError
 from trims.runtime.gateway.auth import Authenticator
 from trims.runtime.gateway.connections import ConnectionGuard, GuardedTCPSite
 from trims.runtime.gateway.context import AUTH, GATEWAY
 from trims.runtime.gateway.fastpath import (
     INCOMPLETE,
+    INFER_ROUTE,
+    INFER_VERSION_ROUTE,
     Head,
     check_reply,
     fast_invoke_for,
@@ -395,3 +399,159 @@ async def test_shutdown_closes_idle_fast_connections(gateway_process: Any) -> No
         assert await asyncio.wait_for(reader.read(), 30) == b""
     finally:
         writer.close()
+
+
+# -- the Open Inference Protocol's infer -----------------------------------------------------
+
+
+def test_an_infer_request_line_is_parsed() -> None:
+    head = parse_head(_request("POST /v2/models/doubler/infer HTTP/1.1\nContent-Length: 2", b"{}"))
+    assert isinstance(head, Head) and head.route == INFER_ROUTE and head.version is None
+    assert head.path == "/v2/models/doubler/infer"
+    raw = _request("POST /v2/models/doubler/versions/1.0+cpu/infer HTTP/1.1\nHost: gw")
+    head = parse_head(raw)
+    assert isinstance(head, Head) and head.route == INFER_VERSION_ROUTE
+    assert head.function == "doubler" and head.version == "1.0+cpu"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "POST /v2/models/doubler/infer?x=1 HTTP/1.1",
+        "POST /v2/models/doubler/versions//infer HTTP/1.1",
+        "POST /v2/models/doubler/versions/%31/infer HTTP/1.1",
+        "POST /v2/models/doubler/versions/1/2/infer HTTP/1.1",
+        "POST /v2/models/Doubler/infer HTTP/1.1",
+        "POST /v2/models/doubler/ready HTTP/1.1",
+        "GET /v2/models/doubler/infer HTTP/1.1",
+        "POST /v2/models/doubler/infer HTTP/1.1\nContent-Encoding: gzip",
+        "POST /v1/functions/echo/invoke HTTP/1.1\nContent-Encoding: gzip",
+    ],
+)
+def test_any_other_infer_request_is_left_to_aiohttp(line: str) -> None:
+    assert parse_head(_request(line)) is None
+
+
+def _infer(
+    body: bytes,
+    path: str = "/v2/models/doubler/infer",
+    token: str | None = ADMIN.secret,
+    extra: str = "",
+) -> bytes:
+    auth = f"Authorization: Bearer {token}\n" if token else ""
+    return _request(
+        f"POST {path} HTTP/1.1\nHost: gw\n{auth}Content-Type: application/json\n{extra}"
+        f"Content-Length: {len(body)}",
+        body,
+    )
+
+
+def _binary_infer() -> bytes:
+    head = json.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [2],
+                        "parameters": {"binary_data_size": 8}}],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()  # fmt: skip
+    body = head + np.array([1.5, -2.0], dtype="<f4").tobytes()
+    return _request(
+        f"POST /v2/models/doubler/infer HTTP/1.1\nHost: gw\nAuthorization: Bearer {ADMIN.secret}"
+        f"\nInference-Header-Content-Length: {len(head)}\nContent-Length: {len(body)}",
+        body,
+    )
+
+
+_X = {"name": "x", "datatype": "FP32", "shape": [3], "data": [1.0, 2.5, -4.0]}
+#: the doubler's BYTES output "raw" is not UTF-8, which JSON cannot carry: ask for y alone
+_Y = [{"name": "y"}]
+_DOUBLE = json.dumps({"inputs": [_X], "outputs": _Y}).encode()
+INFER_CASES = {
+    "json": (_infer(json.dumps({"id": "a1", "inputs": [_X], "outputs": _Y}).encode()), True),
+    "a version": (
+        _infer(_DOUBLE, "/v2/models/doubler/versions/1/infer"),
+        True,
+    ),
+    "binary tensors": (_binary_infer(), True),
+    "inputs the model does not take": (
+        _infer(json.dumps({"inputs": [{**_X, "name": "z"}], "outputs": _Y}).encode()),
+        True,
+    ),
+    "not json": (_infer(b"{nope"), False),
+    "shared memory": (
+        _infer(
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "x",
+                            "datatype": "FP32",
+                            "shape": [1],
+                            "parameters": {
+                                "shared_memory_region": "r",
+                                "shared_memory_byte_size": 4,
+                            },
+                        }
+                    ]
+                }
+            ).encode()
+        ),
+        False,
+    ),
+    "an unknown version": (
+        _infer(_DOUBLE, "/v2/models/doubler/versions/9/infer"),
+        False,
+    ),
+    "an unknown model": (
+        _infer(_DOUBLE, "/v2/models/nope/infer"),
+        False,
+    ),
+    "no token": (_infer(_DOUBLE, token=None), False),
+}
+
+
+async def _oip_pair(start_gateway: Start) -> tuple[RunningGateway, RunningGateway]:
+    fast = await start_gateway(tokens=(ADMIN, INVOKER))
+    slow = await start_gateway(tokens=(ADMIN, INVOKER), fast_path=False)
+    for gw in (fast, slow):
+        await gw.deploy(doubler_spec())
+        warm = await _raw_answer(_port(gw), _infer(_DOUBLE))
+        assert warm.startswith(b"HTTP/1.1 200"), warm
+    return fast, slow
+
+
+@pytest.mark.parametrize("case", list(INFER_CASES))
+async def test_fast_and_aiohttp_infer_answers_are_the_same_bytes(
+    start_gateway: Start, case: str
+) -> None:
+    fast, slow = await _oip_pair(start_gateway)
+    request, answered_fast = INFER_CASES[case]
+    before = _guard(fast).fast.answered  # type: ignore[union-attr]
+    ours = await _raw_answer(_port(fast), request)
+    theirs = await _raw_answer(_port(slow), request)
+    assert _undated(ours) == _undated(theirs)
+    took = _guard(fast).fast.answered - before  # type: ignore[union-attr]
+    assert took == (1 if answered_fast else 0), ours
+
+
+async def test_an_unloaded_model_is_aiohttps_to_refuse(start_gateway: Start) -> None:
+    fast, _ = await _oip_pair(start_gateway)
+    async with fast.session.post(
+        f"{fast.url}/v2/repository/models/doubler/unload", headers=fast.headers(ADMIN.secret)
+    ) as r:
+        assert r.status == 200, await r.text()
+    before = _guard(fast).fast.answered  # type: ignore[union-attr]
+    answer = await _raw_answer(_port(fast), _infer(_DOUBLE))
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert _guard(fast).fast.answered == before  # type: ignore[union-attr]
+
+
+async def test_fast_infer_answers_are_counted_under_their_route(start_gateway: Start) -> None:
+    fast, slow = await _oip_pair(start_gateway)
+    texts = []
+    for gw in (fast, slow):
+        await _raw_answer(_port(gw), _binary_infer())
+        lines = gw.gateway.metrics.render().decode().splitlines()
+        texts.append(sorted(x for x in lines if x.startswith(_COUNTER) and "/infer" in x))
+    assert texts[0] == texts[1]
+    assert any('route="/v2/models/{name}/infer"' in x and "2.0" in x for x in texts[0]), texts[0]
