@@ -86,6 +86,12 @@ from runtime_common import (
 SECTIONS = ("cold", "memory", "throughput")
 PEERS = ("mlserver", "kserve", "ray", "triton", "torchserve")
 SYSTEMS = ("trims", *PEERS)
+TRIMS_CONFIGURATION = (
+    "a daemon (both models in its CPU tier) and a gateway (zygote executor, --warm-pool "
+    "{warm_pool}); each model a function; N replicas = N instances, each with resources.cpus = "
+    "cores / N (its torch threads, as Ray's num_cpus); OMP_WAIT_POLICY=PASSIVE (its default); "
+    "V2 JSON and binary on the gateway's fast path"
+)
 
 
 def peer(name: str) -> Peer:
@@ -107,6 +113,13 @@ def setup(names: Sequence[str]) -> int:
             continue
         print(f"{name} ready ({time.perf_counter() - t0:.0f} s)")
     return 1 if failed else 0
+
+
+def share(replicas: int) -> float:
+    """Each of ``replicas`` trims instances' share of the cores (``resources.cpus``: its torch
+    threads), as Ray's adapter gives each replica ``num_cpus`` and Triton's its intra-op
+    threads; one replica has them all."""
+    return max(1, os.cpu_count() or 1) / max(1, replicas)
 
 
 def order(systems: Sequence[str], run: int) -> list[str]:
@@ -327,7 +340,9 @@ async def memory(
     n = args.replicas
     pss: dict[str, float] = {}
     if trims is not None:
-        spec = trims.spec("full-replicas", "full", args.width, min_instances=n, max_instances=n)
+        spec = trims.spec(
+            "full-replicas", "full", args.width, share(n), min_instances=n, max_instances=n
+        )
         url = await trims.deploy(session, spec)
         pids = await replicas_ran(Infer(session, url, v2_json_request(args.width)), n)
         pss["trims"] = total_pss_mib(trims.pids())
@@ -369,8 +384,9 @@ class Side:
         if self.trims is not None:
             if not self.url:
                 spec = self.trims.spec(
-                    "mlp", "mlp", MLP_SIZES[0], min_instances=workers, max_instances=workers
-                )
+                    "mlp", "mlp", MLP_SIZES[0], share(workers),
+                    min_instances=workers, max_instances=workers,
+                )  # fmt: skip
                 self.url = await self.trims.deploy(session, spec)
             return
         assert self.peer is not None
@@ -642,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine=where,
         workers=args.workers,
         trims_warm_pool=args.warm_pool,
+        trims_configuration=TRIMS_CONFIGURATION.format(warm_pool=args.warm_pool),
         unavailable=unavailable,
         peers={
             name: {"version": p.version(), "configuration": p.configuration}

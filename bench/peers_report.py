@@ -288,8 +288,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for name, why in doc.get("failed", {}).items():
         parts.append(f"Failed: **{name}** stopped at {why}")
     configured = [f"- {n}: {p['configuration']}" for n, p in doc.get("peers", {}).items()]
+    if doc.get("trims_configuration"):
+        configured.insert(0, f"- trims: {doc['trims_configuration']}")
     if configured:
-        parts.append("How each peer was configured:\n\n" + "\n".join(configured))
+        parts.append("How each system was configured:\n\n" + "\n".join(configured))
     all_cases = cases(doc)
     by_key = {c.key: c for c in all_cases}
     parts += _targets(all_cases)

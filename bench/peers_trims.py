@@ -102,12 +102,16 @@ class Trims:
                 client.load(model, tier="cpu")
                 self.touched = time.perf_counter()
 
-    def spec(self, name: str, model: str, width_in: int, **scaling: Any) -> dict[str, Any]:
+    def spec(
+        self, name: str, model: str, width_in: int, cpus: float | None = None, **scaling: Any
+    ) -> dict[str, Any]:
+        """The function serving ``model``; ``cpus``: each instance's share of the cores
+        (``resources.cpus``, which sizes its torch thread team, as Ray's ``num_cpus`` does)."""
         out = [
             {"name": "output", "datatype": "FP32", "shape": [-1, -1]},
             {"name": "pid", "datatype": "INT64", "shape": [1]},
         ]
-        return {
+        spec: dict[str, Any] = {
             "name": name,
             "handler": "peersfn:handler",
             "code_dir": str(self.code),
@@ -119,6 +123,9 @@ class Trims:
             },
             "scaling": {"request_timeout_s": 300, "queue_size": 1024, **scaling},
         }
+        if cpus is not None:
+            spec["resources"] = {"cpus": cpus}
+        return spec
 
     async def deploy(self, session: Any, spec: dict[str, Any]) -> str:
         async with session.put(f"{self.url}/v1/functions/{spec['name']}", json=spec) as r:
