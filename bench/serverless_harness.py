@@ -377,27 +377,32 @@ def measure(
     slo_s: Sequence[float],
     head: frozenset[int],
     window_s: float,
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
-    """The issue's measures of one replay: SLO attainment (a request meets its SLO when it
-    was answered 200 within its function's ``slo_s``), goodput (SLO-meeting requests per
-    second of the window), head and tail latency percentiles of the answered requests,
-    errors by kind."""
-    n = len(run.outcomes)
-    met = sum(1 for i, _, lat, _ in run.outcomes if lat is not None and lat <= slo_s[i])
+    """The issue's measures of one replay, over the requests sent from ``warmup_s`` on (a
+    system starts empty; one in service has its busy functions' instances up): SLO
+    attainment (a request meets its SLO when it was answered 200 within its function's
+    ``slo_s``), goodput (SLO-meeting requests per second of the measured window), head and
+    tail latency percentiles of the answered requests, errors by kind."""
+    outcomes = [o for o in run.outcomes if o[1] >= warmup_s]
+    n = len(outcomes)
+    met = sum(1 for i, _, lat, _ in outcomes if lat is not None and lat <= slo_s[i])
     errors: dict[str, int] = {}
-    for _, _, _, kind in run.outcomes:
+    for _, _, _, kind in outcomes:
         if kind != "ok":
             errors[kind] = errors.get(kind, 0) + 1
-    head_lat = [lat for i, _, lat, _ in run.outcomes if lat is not None and i in head]
-    tail_lat = [lat for i, _, lat, _ in run.outcomes if lat is not None and i not in head]
-    every = sorted(lat for _, _, lat, _ in run.outcomes if lat is not None)
+    head_lat = [lat for i, _, lat, _ in outcomes if lat is not None and i in head]
+    tail_lat = [lat for i, _, lat, _ in outcomes if lat is not None and i not in head]
+    every = sorted(lat for _, _, lat, _ in outcomes if lat is not None)
     cdf = [round(v * 1e3, 3) for q in range(101) if (v := percentile(every, q / 100)) is not None]
+    measured_s = window_s - warmup_s
     return {
         "requests": n,
+        "warmup_requests": len(run.outcomes) - n,
         "answered": len(every),
         "slo_met": met,
         "slo_attainment": met / n if n else None,
-        "goodput_rps": met / window_s if window_s > 0 else 0.0,
+        "goodput_rps": met / measured_s if measured_s > 0 else 0.0,
         "head": latency_stats(head_lat),
         "tail": latency_stats(tail_lat),
         "errors": dict(sorted(errors.items())),

@@ -147,6 +147,10 @@ def test_measures_split_head_and_tail_and_count_errors_by_kind() -> None:
     assert r["errors"] == {"disconnected": 1, "http 503": 1}
     assert r["head"]["p50_ms"] == pytest.approx(10) and r["head"]["p99_ms"] == pytest.approx(20)
     assert r["tail"]["p99_ms"] == pytest.approx(2500)
+    # the warm-up's requests were sent but are not measured
+    r = measure(run, slo_s=[1.0, 1.0], head=frozenset({0}), window_s=2.0, warmup_s=0.25)
+    assert r["requests"] == 3 and r["warmup_requests"] == 3 and r["slo_met"] == 1
+    assert r["errors"] == {"disconnected": 1} and r["goodput_rps"] == pytest.approx(1 / 1.75)
 
 
 def test_the_search_doubles_then_bisects_within_its_runs() -> None:
