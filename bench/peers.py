@@ -47,7 +47,7 @@ sat unread since the case before, the warm request right after it reads them hot
 a node first / warm measures the idle time as much as the cold start. For trims' cases a third
 request to the same instance therefore waits first as long as the weights had sat unread
 before the first one (``idle_ms``, counted from the benchmark's last full read or load of
-them) and is timed as ``warm_idle_ms``: the warm request to hold the first one against. Not
+them, at most ``IDLE_CAP_S``) and is timed as ``warm_idle_ms``: the warm request to hold the first one against. Not
 for the disk tier with caches dropped, whose first request reads weights fresh from disk.
 """
 

@@ -41,6 +41,13 @@ def prepare_cache(cache: str) -> None:
         drop_caches()
 
 
+#: The longest the idle-matched warm request waits (Note [idle memory] in bench/peers.py):
+#: between trims' cases the peers' process starts run for tens of seconds, and waiting as
+#: long would stretch the run by minutes. Past it the match is partial (a shorter idle: a
+#: faster warm request to hold the first one against).
+IDLE_CAP_S = 10.0
+
+
 class ColdRun(NamedTuple):
     """One run of a cold case, in seconds (see :func:`trims_cold`)."""
 
@@ -170,7 +177,10 @@ async def trims_cold(
     A third request, to the same instance, waits first as long as the CPU tier's weights had
     sat unread before the first one (Note [idle memory] in the module's docstring): the warm
     request such a first request should be held against."""
-    spec = trims.spec(name, "full", width, max_instances=1, standby=int(standby))
+    # the instance outlives the idle-matched wait (at most IDLE_CAP_S) and the peers' cases
+    spec = trims.spec(
+        name, "full", width, max_instances=1, standby=int(standby), idle_timeout_s=600
+    )
     url = await trims.deploy(session, spec)
     if standby:
         await trims.standby_prepared(session, name)
@@ -179,7 +189,7 @@ async def trims_cold(
     prepare_cache(cache)
     infer = Infer(session, url, v2_json_request(width))
     t0 = time.perf_counter()
-    idle = t0 - trims.touched
+    idle = min(t0 - trims.touched, IDLE_CAP_S)
     pid = await infer.pid()
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
