@@ -47,8 +47,9 @@ sat unread since the case before, the warm request right after it reads them hot
 a node first / warm measures the idle time as much as the cold start. For trims' cases a third
 request to the same instance therefore waits first as long as the weights had sat unread
 before the first one (``idle_ms``, counted from the benchmark's last full read or load of
-them, at most ``IDLE_CAP_S``) and is timed as ``warm_idle_ms``: the warm request to hold the first one against. Not
-for the disk tier with caches dropped, whose first request reads weights fresh from disk.
+them, at most ``IDLE_CAP_S``) and is timed as ``warm_idle_ms``: the warm request to hold the
+first one against. Not for the disk tier with caches dropped, whose first request reads
+weights fresh from disk.
 """
 
 from __future__ import annotations
@@ -86,10 +87,13 @@ from runtime_common import (
 SECTIONS = ("cold", "memory", "throughput")
 PEERS = ("mlserver", "kserve", "ray", "triton", "torchserve")
 SYSTEMS = ("trims", *PEERS)
+#: requests one trims instance takes at once in the throughput runs (scaling.concurrency)
+THROUGHPUT_CONCURRENCY = 2
 TRIMS_CONFIGURATION = (
     "a daemon (both models in its CPU tier) and a gateway (zygote executor, --warm-pool "
     "{warm_pool}); each model a function; N replicas = N instances, each with resources.cpus = "
-    "cores / N (its torch threads, as Ray's num_cpus); OMP_WAIT_POLICY=PASSIVE (its default); "
+    "cores / N (its torch threads, as Ray's num_cpus) and, for throughput, scaling.concurrency "
+    "{concurrency}; OMP_WAIT_POLICY=PASSIVE (its default); "
     "V2 JSON and binary on the gateway's fast path"
 )
 
@@ -383,9 +387,13 @@ class Side:
     async def start(self, session: Any, root: Path, mlp: Path, workers: int) -> None:
         if self.trims is not None:
             if not self.url:
+                # two requests in flight per instance: the next one waits in the worker
+                # while the current one runs, instead of a round trip through the gateway
+                # after it (+20% at c=16 with 2 instances on 2 cores: 1609-1686 -> 1948-2023)
                 spec = self.trims.spec(
                     "mlp", "mlp", MLP_SIZES[0], share(workers),
                     min_instances=workers, max_instances=workers,
+                    concurrency=THROUGHPUT_CONCURRENCY,
                 )  # fmt: skip
                 self.url = await self.trims.deploy(session, spec)
             return
@@ -658,7 +666,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine=where,
         workers=args.workers,
         trims_warm_pool=args.warm_pool,
-        trims_configuration=TRIMS_CONFIGURATION.format(warm_pool=args.warm_pool),
+        trims_configuration=TRIMS_CONFIGURATION.format(
+            warm_pool=args.warm_pool, concurrency=THROUGHPUT_CONCURRENCY
+        ),
         unavailable=unavailable,
         peers={
             name: {"version": p.version(), "configuration": p.configuration}
