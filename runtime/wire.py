@@ -25,7 +25,8 @@ stays JSON; a reader gets the same dict either way.
 Conversation
 ------------
 The worker speaks first on every connection, once ``init(ctx)`` has finished: ``HELLO`` with
-meta ``{"state": "ready", "pid", "function"}`` or ``{"state": "failed", "reason"}``. Then the
+meta ``{"state": "ready", "pid", "function"}`` or ``{"state": "failed", "reason", "code"?}``
+(``code``: the :mod:`trims.errors` code of a trims error init raised). Then the
 client sends ``INVOKE`` (meta ``{"h": headers, "t": trace}``, body = request body) or ``INFER``
 (meta ``{"t": trace}``, body = :func:`encode_arrays`) with a fresh request id, any number at
 once; the worker answers each with ``REPLY`` (meta ``{"s": status, "h": headers}``) or

@@ -10,7 +10,10 @@ Error contract (what the gateway relies on):
 
 * the worker died before or during a request -> ``UpstreamError("instance <id> of <fn> died:
   <reason>")`` and ``exit_reason`` is set (e.g. "killed by SIGSEGV", "out of memory");
-* init failed -> ``wait_ready`` raises ``UpstreamError`` with the worker's reason;
+* init failed -> ``wait_ready`` raises ``UpstreamError`` with the worker's reason, or
+  ``ResourceExhausted`` where init was refused for capacity (the store could not fit a model:
+  the worker's HELLO says ``code: resource_exhausted``): the function is not broken, the node
+  is full;
 * no reply within ``timeout`` -> ``trims.errors.Timeout`` (the instance stays up);
 * the handler raised or returned garbage -> ``UpstreamError`` (or the trims error it raised).
 """
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 from trims.errors import (
     ErrorMap,
     NotFound,
+    ResourceExhausted,
     Timeout,
     Unavailable,
     UpstreamError,
@@ -262,7 +266,10 @@ class WorkerInstance(Instance):
             reason = str(hello.get("reason", f"it said {state!r}"))
             self.exit_reason = f"init failed: {reason}"
             await close_quietly(self._conn)
-            raise UpstreamError(f"instance {self.id} of {self.function} failed to start: {reason}")
+            message = f"instance {self.id} of {self.function} failed to start: {reason}"
+            if hello.get("code") == ResourceExhausted.code:
+                raise ResourceExhausted(message, instance=self.id)
+            raise UpstreamError(message)
         self.pid = hello.get("pid", self.pid)
         if expect == "standby":
             return

@@ -438,7 +438,7 @@ async def _serve(settings: WorkerSettings, store: Any, dropped_to: str | None) -
                       settings.instance_id, settings.spec.name, reason,
                       exc_info=not isinstance(e, TrimsError))  # fmt: skip
             print(f"init failed: {reason}", file=sys.stderr, flush=True)
-            worker.server.set_failed(reason)
+            worker.server.set_failed(reason, e.code if isinstance(e, TrimsError) else None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.server.failure_delivered.wait(), FAILED_LINGER_S)
             await asyncio.sleep(0.05)

@@ -171,8 +171,14 @@ class WorkerServer:
                 self.activate_trace = {str(k): str(v) for k, v in dict(trace).items()}
             self.activated.set()
 
-    def set_failed(self, reason: str) -> None:
-        self._say({**self._hello, "state": "failed", "reason": reason})
+    def set_failed(self, reason: str, code: str | None = None) -> None:
+        """Tell every client init failed for ``reason``; ``code`` (a trims error's) lets the
+        gateway tell a start refused for capacity (``resource_exhausted``: the store could not
+        fit a model) from a broken function."""
+        failed: dict[str, Any] = {**self._hello, "state": "failed", "reason": reason}
+        if code is not None:
+            failed["code"] = code
+        self._say(failed)
         if self._connections:
             self.failure_delivered.set()
 
