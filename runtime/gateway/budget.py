@@ -21,6 +21,16 @@ nothing to free (no standby, no idle instance, none draining), the answer is
 process of the node. (At the count limit alone a request waits instead: an instance becoming
 idle is room, whereas memory may stay short.) An instance with a request in flight is never
 idle, so making room never fails a request.
+
+Note [starts refused for capacity]: the budget sees the gateway's memory, not the model
+store's. A start the budget admitted can still be refused by the store (its cpu tier cannot
+fit the function's model while other instances' leases keep theirs resident): the worker's
+init fails with ``resource_exhausted``, which is no fault of the function. The pool then asks
+:meth:`InstanceBudget.make_room`, which stops a standby or the coldest idle instance of any
+function the same way (their leases end with their processes), and waits: once nothing is
+draining any more, :meth:`InstanceBudget.capacity_changed` has the pool retry its start. With
+nothing to stop, the requests no instance of the function can serve get 503 with
+``Retry-After``.
 """
 
 from __future__ import annotations
@@ -80,6 +90,10 @@ class BudgetedPool(Protocol):
         """Stop its least recently used idle ready instance (``reason``: the metric's)."""
         ...
 
+    def holds_models(self) -> bool:
+        """Whether its instances lease models from the store (stopping one frees store room)."""
+        ...
+
     def drop_standby(self, reason: str) -> bool:
         """Stop one of its standby instances; False if it has none."""
         ...
@@ -99,6 +113,9 @@ class InstanceBudget:
         #: The share of the memory limit that usage plus new instances may reach.
         self.watermark = watermark
         self._pools: list[BudgetedPool] = []
+        #: Pools whose start was refused for capacity, waiting for room being made (Note
+        #: [starts refused for capacity]).
+        self._awaiting_room: list[BudgetedPool] = []
 
     @property
     def bounded(self) -> bool:
@@ -111,6 +128,8 @@ class InstanceBudget:
     def unregister(self, pool: BudgetedPool) -> None:
         if pool in self._pools:
             self._pools.remove(pool)
+        if pool in self._awaiting_room:
+            self._awaiting_room.remove(pool)
 
     def total(self) -> int:
         return sum(p.instance_total() for p in self._pools)
@@ -129,23 +148,41 @@ class InstanceBudget:
         short = not at_count and self._memory_short(pool)
         if not at_count and not short:
             return Admission.START
-        if any(p.instance_draining() for p in self._pools):
+        if self._draining():
             return Admission.WAIT  # room is already being made; evicting more would overshoot
-        reason = "count_limit" if at_count else "memory_pressure"
-        if any(p.drop_standby(reason) for p in self._pools):
-            return Admission.WAIT
-        victim = _least_recently_used(self._pools)
-        if victim is not None:
-            victim.evict_idle(reason)
+        if self._stop_one("count_limit" if at_count else "memory_pressure", self._pools):
             return Admission.WAIT
         return Admission.REFUSE if short else Admission.WAIT
 
+    def make_room(self, pool: BudgetedPool, reason: str) -> bool:
+        """``pool``'s start was refused for capacity in the store (``reason``: the stop
+        metric's label): stop a standby or the coldest idle instance of any function that
+        leases models unless room is already being made, and have ``pool`` retry once nothing
+        is draining (Note [starts refused for capacity]). False: nothing can be stopped."""
+        holders = [p for p in self._pools if p.holds_models()]
+        if not self._draining() and not self._stop_one(reason, holders):
+            return False
+        if pool not in self._awaiting_room:
+            self._awaiting_room.append(pool)
+        return True
+
+    def awaiting_room(self, pool: BudgetedPool) -> bool:
+        """Is ``pool`` waiting for room being made (its starts wait until then)?"""
+        return pool in self._awaiting_room
+
     def capacity_changed(self) -> None:
-        """An instance stopped or became idle: pools with queued requests may now scale."""
+        """An instance stopped or became idle: pools with queued requests may now scale, and
+        once nothing is draining, so may those waiting for room."""
+        released: list[BudgetedPool] = []
+        if self._awaiting_room and not self._draining():
+            released, self._awaiting_room = self._awaiting_room, []
+        for pool in released:
+            if pool.wants_instances():
+                pool.retry_scale_up()
         if not self.bounded:
             return
         for pool in list(self._pools):
-            if pool.wants_instances():
+            if pool not in released and not self.awaiting_room(pool) and pool.wants_instances():
                 pool.retry_scale_up()
 
     def instance_cost(self, pool: BudgetedPool | None) -> int:
@@ -163,6 +200,20 @@ class InstanceBudget:
             return None
         ratio = reading.usage_bytes / reading.limit_bytes
         return ratio, ratio >= self.watermark
+
+    def _draining(self) -> bool:
+        return any(p.instance_draining() for p in self._pools)
+
+    def _stop_one(self, reason: str, pools: list[BudgetedPool]) -> bool:
+        """Drop a standby of any of ``pools``, else stop the least recently used idle instance
+        of any of them; False if there is neither."""
+        if any(p.drop_standby(reason) for p in pools):
+            return True
+        victim = _least_recently_used(pools)
+        if victim is None:
+            return False
+        victim.evict_idle(reason)
+        return True
 
     def _memory_short(self, pool: BudgetedPool | None) -> bool:
         reading = self.memory() if self.memory is not None else None

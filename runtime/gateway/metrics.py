@@ -226,14 +226,16 @@ class GatewayMetrics:
         self.instance_stops = LoopCounter(
             "trims_instance_stops",
             "Instances the gateway stopped while healthy, by reason: idle_timeout, "
-            "memory_pressure or count_limit (to make room for another instance)",
+            "memory_pressure, count_limit or store_capacity (to make room for another "
+            "instance; store_capacity: the model store refused its models)",
             ["function", "reason"],
             registry=r,
         )
         self.admissions_refused = LoopCounter(
             "trims_admissions_refused",
             "Requests refused with 503 because no instance could start, by reason (memory: "
-            "the node's memory was at its high watermark with nothing idle to stop)",
+            "the node's memory was at its high watermark with nothing idle to stop; store: "
+            "the model store could not fit the function's models with nothing idle to stop)",
             ["function", "reason"],
             registry=r,
         )

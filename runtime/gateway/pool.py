@@ -14,7 +14,11 @@ is retired: its in-flight requests get 502 with the executor's reason and a repl
 when there is demand or ``min_instances`` asks for it. A request that times out (504) retires
 its instance too, since a hung handler would otherwise hold the slot forever. A function with
 no instance, whose start the node's memory has no room for (Note [memory admission] in
-trims.runtime.gateway.budget), answers its queued requests 503 with Retry-After.
+trims.runtime.gateway.budget), answers its queued requests 503 with Retry-After. So does one
+whose start the model store refused for capacity (``resource_exhausted``) when no idle
+instance is left to stop; while one is, the start is retried once it has stopped (Note
+[starts refused for capacity], same module). Such a start is not the function's failure: it
+is not counted as one, and the function's readiness stays as it was.
 
 Note [standby instances]: with ``scaling.standby`` k > 0 (and an executor that has
 ``start_standby``: local, docker) the pool keeps k instances prepared but not started: the
@@ -51,7 +55,14 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from trims.errors import QueueFull, Timeout, TrimsError, Unavailable, UpstreamError
+from trims.errors import (
+    QueueFull,
+    ResourceExhausted,
+    Timeout,
+    TrimsError,
+    Unavailable,
+    UpstreamError,
+)
 from trims.runtime.executors.base import Executor, Instance, StandbyExecutor
 from trims.runtime.functions.spec import FunctionSpec
 from trims.runtime.gateway.budget import Admission, InstanceBudget
@@ -77,6 +88,10 @@ _UNMEASURED_SERVICE_S = 1.0
 _MEASURED_INSTANCES = 8
 #: Seconds between measurements of a ready instance's private memory (it grows as it serves).
 _REMEASURE_S = 10.0
+#: Why requests are refused with 503 for want of room (trims_admissions_refused_total's
+#: reasons): the gateway's memory (Note [memory admission] in trims.runtime.gateway.budget),
+#: the model store's (Note [starts refused for capacity], same module).
+_REFUSALS = ("memory", "store")
 
 
 @dataclass(eq=False)
@@ -165,7 +180,8 @@ class Pool:
         self._m_cold_starts = metrics.cold_starts.labels(fn)
         self._m_failures = metrics.instance_failures.labels(fn)
         self._m_acquire = metrics.model_acquire.labels(fn)
-        self._m_refused_memory = metrics.admissions_refused.labels(fn, "memory")
+        #: reason -> the refused admissions counter's child (Pool._refuse_waiters).
+        self._m_refused = {r: metrics.admissions_refused.labels(fn, r) for r in _REFUSALS}
         self._m_invocations = metrics.invocations
         #: status -> the invocation counter's child (labels() costs a lookup per request).
         self._m_by_status: dict[str, Any] = {}
@@ -399,7 +415,12 @@ class Pool:
                 break
             unserved -= concurrency
         if admission is Admission.REFUSE and self._active() == 0:
-            self._refuse_waiters()
+            self._refuse_waiters(
+                "memory",
+                "the node's memory is at its high watermark with no idle instance to stop; "
+                "retry after the Retry-After seconds (or give the gateway's memory cgroup more "
+                "memory)",
+            )
 
     def _ensure_min(self) -> None:
         if self._closed:
@@ -408,7 +429,10 @@ class Pool:
             pass
 
     def _start_one(self) -> Admission:
-        """Start an instance: a prepared standby, else a new one if the node budget allows."""
+        """Start an instance: a prepared standby, else a new one if the node budget allows
+        (and no start of this function waits for room: Note [starts refused for capacity])."""
+        if self._budget.awaiting_room(self):
+            return Admission.WAIT
         if self._activate_standby():
             return Admission.START
         admission = self._budget.try_start(self)
@@ -416,16 +440,15 @@ class Pool:
             self._start_instance()
         return admission
 
-    def _refuse_waiters(self) -> None:
-        """No instance of this function runs or starts, and the node's memory has no room for
-        one (Note [memory admission] in trims.runtime.gateway.budget): the queued requests get
-        503 with Retry-After rather than waiting for memory that may not come."""
+    def _refuse_waiters(self, reason: str, why: str) -> None:
+        """No instance of this function runs or starts, and the node has no room for one (the
+        gateway's memory: Note [memory admission] in trims.runtime.gateway.budget; the model
+        store: Note [starts refused for capacity], same module): the queued requests get 503
+        with Retry-After rather than waiting for room that may not come. ``reason`` is the
+        refusal metric's label, ``why`` the rest of the message."""
         retry_after_s = self._retry_after_s()
         err = Unavailable(
-            f"function {self.name} has no instance and the node's memory is at its high "
-            "watermark with no idle instance to stop; retry after the Retry-After seconds (or "
-            "give the gateway's memory cgroup more memory)",
-            retry_after_s=retry_after_s,
+            f"function {self.name} has no instance and {why}", retry_after_s=retry_after_s
         )
         waiters, self._waiters = self._waiters, deque()
         refused = 0
@@ -433,10 +456,10 @@ class Pool:
             if not fut.done():
                 fut.set_exception(err)
                 refused += 1
-        self._m_refused_memory.inc(refused)
+        self._m_refused[reason].inc(refused)
         log.warning(
-            "function %s: %d request(s) refused: no memory for an instance and none idle to "
-            "stop (Retry-After %ds)", self.name, refused, retry_after_s,
+            "function %s: %d request(s) refused with 503 (%s): no room for an instance and "
+            "none idle to stop (Retry-After %ds)", self.name, refused, reason, retry_after_s,
         )  # fmt: skip
 
     def _new_slot(self, state: str) -> Slot:
@@ -574,6 +597,9 @@ class Pool:
             await self._stop_slot(slot)
 
     def _start_failed(self, slot: Slot, exc: Exception) -> None:
+        if isinstance(exc, ResourceExhausted):
+            self._start_refused(slot, exc)
+            return
         self._m_failures.inc()
         self._start_failures += 1
         if isinstance(exc, TrimsError):
@@ -589,6 +615,28 @@ class Pool:
             for fut in waiters:
                 if not fut.done():
                     fut.set_exception(_as_upstream(err, self.name))
+
+    def _start_refused(self, slot: Slot, err: ResourceExhausted) -> None:
+        """``slot``'s start was refused for capacity (Note [starts refused for capacity] in
+        trims.runtime.gateway.budget): room is made and the start retried, or with nothing to
+        stop the requests no instance serves get 503; the function's failure count and
+        readiness are left alone, a broken function's and not a full node's."""
+        # Counted among the starts failed in a row all the same: the reaper retries
+        # min_instances only below three, or a full node would see a start every tick.
+        self._start_failures += 1
+        making_room = self._budget.make_room(self, "store_capacity")
+        log.warning("function %s: instance %s refused for capacity (%s); %s", self.name, slot.id,
+                    err.message, "retrying once room is made" if making_room
+                    else "nothing idle to stop")  # fmt: skip
+        slot.state = "draining"
+        self._spawn(self._stop_slot(slot), f"stop-{slot.id}")
+        if not making_room and self._active() == 0:
+            self._refuse_waiters(
+                "store",
+                "the model store has no room for its models with no idle instance to stop "
+                f"({err.message}); retry after the Retry-After seconds (or give the store's "
+                "cpu tier a larger budget)",
+            )
 
     def _retire(self, slot: Slot, reason: str) -> None:
         if slot.state == "draining":
@@ -722,6 +770,9 @@ class Pool:
         log.info("function %s: instance %s stopped to make room for another (%s)",
                  self.name, slot.id, reason)  # fmt: skip
         self._stop_healthy(slot, reason)
+
+    def holds_models(self) -> bool:
+        return bool(self.spec.models)
 
     def wants_instances(self) -> bool:
         return bool(self._waiters)

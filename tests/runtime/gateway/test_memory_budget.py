@@ -6,6 +6,12 @@ A real gateway with real workers; the memory reading is a :class:`SimulatedMemor
 every instance costs a fixed amount, so the cap is reached at a known instance count whatever
 the workers really use (what they use is measured, and is far below that cost). The reading
 from a real cgroup is tested apart, on a process in a cgroup with a limit.
+
+A start the model store refuses for room (Note [starts refused for capacity] in
+runtime/gateway/budget.py) is tested with a real daemon whose cpu tier holds one of two models,
+not both: the function of the second needs it in memory (``funcs/inmemory.py``: its init
+refuses a copy the store served from disk, as the store refuses an acquire it cannot fit), so
+its start is refused while an instance of the first holds its lease.
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.cgroup import memory_cgroups
 from tests.fixtures.gateway import RunningGateway, echo_spec, pid_alive
+from tests.fixtures.store import DaemonProcess
 from trims.cgroup import mem_total, memory_cgroup
 from trims.errors import ValidationError
 from trims.runtime import gateway_cli
@@ -195,6 +204,72 @@ async def test_without_a_memory_limit_nothing_is_capped_by_memory(start_gateway)
     assert all(pid_alive(p) for p in pids)
     samples = await scrape(gw)
     assert not any(name.startswith("trims_memory_") for name, _ in samples)
+
+
+def one_of_two_models(start_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
+    """A daemon whose cpu tier (1 MiB) holds one of its models a and b (600 KB each)."""
+    return start_daemon(
+        cpu_budget="1MiB",
+        models={m: {"w": np.full(150_000, i, np.float32)} for i, m in enumerate("ab")},
+    )
+
+
+def with_model(spec: dict[str, Any], model: str) -> dict[str, Any]:
+    return {**spec, "models": [{"name": model}]}
+
+
+async def store_gateway(start_gateway: Any, daemon: DaemonProcess) -> RunningGateway:
+    """A gateway on ``daemon`` with functions one (model a) and two (model b, in memory)."""
+    gw = await start_gateway(store_socket=daemon.socket)
+    gw.gateway.budget.memory = None  # the store's room is tested, not the gateway's memory
+    await gw.deploy(with_model(echo_spec("one", concurrency=2), "a"))
+    await gw.deploy(with_model(echo_spec("two", "inmemory:handler"), "b"))
+    return gw
+
+
+def failures(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], fn: str) -> float:
+    return samples[("trims_instance_failures_total", (("function", fn),))]
+
+
+async def test_a_start_the_store_has_no_room_for_stops_an_idle_instance_and_is_retried(
+    start_gateway, start_daemon
+):
+    gw = await store_gateway(start_gateway, one_of_two_models(start_daemon))
+    one = await pid_of(gw, "one")
+
+    status, _, body = await gw.invoke("two", b"hello")
+    assert (status, body) == (200, b"hello"), "the start is retried once one's instance stopped"
+    assert not pid_alive(one), "one's idle instance was stopped: its lease kept b out"
+    samples = await scrape(gw)
+    assert stops(samples, "one", "store_capacity") == 1
+    assert failures(samples, "two") == 0, "a full store is not the function's failure"
+    assert gw.gateway.pool("two").start_error is None
+    assert (await gw.invoke("one", b"back"))[::2] == (200, b"back")
+
+
+async def test_a_start_the_store_has_no_room_for_with_nothing_idle_gets_503_with_retry_after(
+    start_gateway, start_daemon
+):
+    gw = await store_gateway(start_gateway, one_of_two_models(start_daemon))
+    await pid_of(gw, "one")
+    busy = asyncio.create_task(gw.invoke("one", b"sleep:5"))
+    pool = gw.gateway.pool("one")
+    await until(lambda: any(s.inflight for s in pool.slots), "one's instance busy")
+
+    status, headers, body = await gw.invoke("two", b"hello")
+    assert status == 503, body
+    assert int(headers["Retry-After"]) >= 1
+    assert b"model store has no room" in body
+    # the gateway keeps serving, and two is not marked failed (its model stays ready)
+    assert (await gw.invoke("one", b"still here"))[::2] == (200, b"still here")
+    assert gw.gateway.pool("two").start_error is None
+    samples = await scrape(gw)
+    assert samples[("trims_admissions_refused_total", (("function", "two"), ("reason", "store")))]
+    assert failures(samples, "two") == 0
+    assert ("trims_invocations_total", (("function", "two"), ("status", "503"))) in samples
+
+    assert (await busy)[0] == 200
+    assert (await gw.invoke("two", b"again"))[::2] == (200, b"again"), "one's idle makes room"
 
 
 def test_the_reading_comes_from_the_process_cgroup_less_inactive_file_pages():
