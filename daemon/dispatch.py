@@ -121,6 +121,7 @@ async def _acquire(store: Store, c: Caller, a: Mapping[str, Any], p: Progress | 
         None if digest is None else validate_digest(digest),
         _required_tier(a, "cpu"),
         _device(a),
+        strict=_bool(a, "strict"),
     )
 
 

@@ -75,6 +75,7 @@ class TierLedger:
                 f"the {self.tier} tier is disabled (budget 0); start the daemon with "
                 f"--{self.tier}-budget to use it",
                 tier=self.tier,
+                reason="disabled",
                 budget=self.budget,
                 needed=size,
             )
@@ -89,6 +90,7 @@ class TierLedger:
                 f"and not enough of it is evictable (policy {self.policy}; leased or pinned "
                 "models stay); release leases, unpin models or raise the budget",
                 tier=self.tier,
+                reason="budget",
                 budget=self.budget,
                 needed=size,
                 used=self.committed,

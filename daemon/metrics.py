@@ -161,6 +161,15 @@ class DaemonMetrics:
             ["tier", "reason"],
             registry=r,
         )
+        self.acquires_degraded = Counter(
+            "trims_daemon_acquires_degraded",
+            "Acquires answered from the disk tier because the tier they asked for could not "
+            "hold the model, by the tier asked for and the reason its load was refused: memory "
+            "(past the high watermark), budget (the tier's budget held by leased or pinned "
+            "copies, or smaller than the model), disabled (budget 0)",
+            ["tier", "reason"],
+            registry=r,
+        )
 
 
 def _or_nan(value: int | None) -> float:

@@ -366,6 +366,7 @@ class Residency:
             f"{_LOAD_ATTEMPTS} times before it could be leased; the tier is too small for the "
             "working set: raise its budget",
             tier=tier,
+            reason="budget",
             budget=ledger.budget,
             needed=record.total_bytes,
         )
@@ -453,7 +454,9 @@ class Residency:
             demoted = self.pressure.room_for(size, ledger, evictable, victims, record.key)
         except ResourceExhausted as e:
             self.metrics.loads_refused.labels(tier, "memory").inc()
-            log.warning("model %s not loaded: %s", record.key, e.message)
+            # the acquire that asked logs it, rate-limited (Note [degraded acquires] in
+            # trims.daemon.store), or its caller gets the error
+            log.debug("model %s not loaded: %s", record.key, e.message)
             raise
         finally:
             self.metrics.memory_pressure.set(int(self.pressure.pressed))

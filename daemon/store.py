@@ -32,6 +32,7 @@ from trims.errors import (
     CorruptModel,
     NotFound,
     QueueFull,
+    ResourceExhausted,
     ValidationError,
 )
 from trims.layout import Manifest
@@ -43,6 +44,10 @@ _tracer = tracer(__name__)
 
 #: Most leases one connection may hold at once (a bound on what one client can pin).
 MAX_LEASES_PER_CONNECTION = 4096
+#: Memory tiers whose acquires fall back to the disk tier (Note [degraded acquires]).
+_DEGRADABLE = ("cpu",)
+#: Seconds between two log lines about one model's degraded acquires.
+DEGRADED_LOG_INTERVAL = 60.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ class Store:
         )
         self.connections = 0
         self._manifests: dict[str, Manifest] = {}
+        #: Per digest: when its last degraded acquire was logged, and how many since were not
+        #: (Note [degraded acquires]).
+        self._degraded_log: dict[str, tuple[float, int]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -286,6 +294,50 @@ class Store:
             }
         )
 
+    # Note [degraded acquires]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~
+    # An acquire of the cpu tier that the tier cannot hold (its load is refused with
+    # ResourceExhausted: the budget is held by leased or pinned copies or is smaller than the
+    # model, or memory pressure leaves nothing to demote) is answered from the disk tier: the
+    # verified file, leased in the disk tier, exactly as an acquire of ``tier: "disk"``, with
+    # ``degraded_from: "cpu"`` in the reply. A worker maps a file handle as it maps the cpu
+    # tier's (a file too under the page-cache backing), so its function runs unchanged; what
+    # it loses is the sharing: its reads go through the page cache, which the kernel may
+    # reclaim. Refusing instead failed the instance's start (HTTP 502 under a memory limit,
+    # issue 43), although idle instances' leases were all that kept the model out.
+    #
+    #   acquire(cpu) ──ensure_resident──> resident ──> lease "cpu", tier "cpu"
+    #                       │ ResourceExhausted
+    #                       ├── strict ──────────────> the error, as before
+    #                       └── open_verified ───────> lease "disk", tier "disk",
+    #                                                   degraded_from "cpu"
+    #
+    # The disk lease keeps the blob from disk eviction and nothing in the cpu tier, so a
+    # degraded acquire never holds memory the tier could reclaim; the next acquire tries the
+    # cpu tier again. The gpu tier is never degraded: its callers build device tensors from
+    # the handle, and host bytes in their place would move the function to another device.
+    # ``strict`` keeps the error for callers that need the memory tier (a benchmark of it, a
+    # warm-up that must fail loudly).
+    #
+    # No load-through: a cold cpu acquire waits for its load rather than taking the disk
+    # handle while the load runs in the background, although the disk copy is verified. On
+    # our 2-core test machine (a real daemon, a 256 MiB model verified on disk, its pages
+    # dropped from the page cache with POSIX_FADV_DONTNEED, then acquire and read every byte
+    # of the mapping; 5 to 9 trials a run, another benchmark running beside):
+    #
+    #   two runs' medians, total (the second's acquire + read):
+    #   cpu backing  acquire(cpu) + read       acquire(disk) + read
+    #   file         177 / 162 ms (133 + 19)   167 / 147 ms (1 + 146)
+    #   memfd        696 / 741 ms (631 + 103)  163 / 172 ms (1 + 167)
+    #
+    # With the page-cache backing (``auto`` where the daemon is root and shmem huge pages
+    # are off) the load is the same read of the file that the disk handle's first request
+    # does, so load-through would save about 15 ms of 160. With sealed memfds it would save
+    # the hash and the copy (about 550 ms), but every instance started during the load would
+    # keep its mapping of the file for life: the model twice in the node's memory (the file's
+    # pages it maps, and the memfd), which is what a node under a memory limit cannot afford,
+    # and the hash would run beside that instance's first requests on the same two cores.
+
     async def acquire(
         self,
         caller: Caller,
@@ -294,7 +346,11 @@ class Store:
         digest: str | None,
         tier: str,
         device: str | None,
+        *,
+        strict: bool = False,
     ) -> StoreReply:
+        """Lease ``tier``'s copy of the model; the disk tier's when the cpu tier cannot hold it
+        and not ``strict`` (Note [degraded acquires])."""
         started = time.monotonic()
         with _tracer.start_as_current_span("acquire") as span:
             span.set_attribute("trims.model", name)
@@ -309,40 +365,75 @@ class Store:
             disk_copy = self.res.disk_ledger.residents.get(record.digest)
             if disk_copy is not None:
                 disk_copy.touch()
-            if tier == "disk":
-                fd = await self.res.open_verified(record)
-                handle: dict[str, Any] = {"kind": "file", "size": record.total_bytes}
-                fds: tuple[int, ...] = (fd,)
-                close = True
-            else:
-                if tier == "gpu":
-                    self._check_device(device)
-                resident = await self.res.ensure_resident(tier, record)
-                resident.touch()
-                export = self.res.tiers[tier].export(record.digest)
-                handle = export.handle
-                fds, close = ((export.fd,) if export.fd is not None else ()), False
+            if tier == "gpu":
+                self._check_device(device)
+            served, handle, fds, close = await self._handle(record, tier, strict)
             lease = self.leases.grant(
                 caller.connection,
                 record.name,
                 record.version,
                 record.digest,
-                tier,
+                served,
                 caller.peer,
                 caller.pid,
             )
             self._update_gauges()
-            self.metrics.acquire_latency.labels(tier).observe(time.monotonic() - started)
-            return StoreReply(
-                {
-                    "lease": lease.id,
-                    "tier": tier,
-                    "manifest": manifest.to_dict(),
-                    "handle": handle,
-                },
-                fds,
-                close,
-            )
+            self.metrics.acquire_latency.labels(served).observe(time.monotonic() - started)
+            result: dict[str, Any] = {
+                "lease": lease.id,
+                "tier": served,
+                "manifest": manifest.to_dict(),
+                "handle": handle,
+            }
+            if served != tier:
+                span.set_attribute("trims.degraded_from", tier)
+                result["degraded_from"] = tier
+            return StoreReply(result, fds, close)
+
+    async def _handle(
+        self, record: ModelRecord, tier: str, strict: bool
+    ) -> tuple[str, dict[str, Any], tuple[int, ...], bool]:
+        """(the tier that serves, its handle, the fds to send, whether they are ours to close).
+        Returns with no await since a memory copy was seen resident, so the caller leases it
+        before anything can evict it (Residency.ensure_resident)."""
+        if tier != "disk":
+            try:
+                resident = await self.res.ensure_resident(tier, record)
+            except ResourceExhausted as e:
+                # a full disk tier (fetching the layout again) is no reason to use the disk
+                if strict or tier not in _DEGRADABLE or e.details.get("tier") != tier:
+                    raise
+                self._degraded(record, tier, e)
+            else:
+                resident.touch()
+                export = self.res.tiers[tier].export(record.digest)
+                fds = (export.fd,) if export.fd is not None else ()
+                return tier, export.handle, fds, False
+        fd = await self.res.open_verified(record)
+        return "disk", {"kind": "file", "size": record.total_bytes}, (fd,), True
+
+    def _degraded(self, record: ModelRecord, tier: str, refused: ResourceExhausted) -> None:
+        """Count an acquire of ``tier`` served from the disk tier; log it once a minute per
+        model (Note [degraded acquires])."""
+        reason = str(refused.details.get("reason", "budget"))
+        self.metrics.acquires_degraded.labels(tier, reason).inc()
+        now = time.monotonic()
+        entry = self._degraded_log.get(record.digest)
+        if entry is not None and now - entry[0] < DEGRADED_LOG_INTERVAL:
+            self._degraded_log[record.digest] = (entry[0], entry[1] + 1)
+            return
+        skipped = 0 if entry is None else entry[1]
+        self._degraded_log[record.digest] = (now, 0)
+        log.warning(
+            "model %s served from the disk tier instead of the %s tier%s: its acquirers map "
+            "the disk file through the page cache, not one shared copy in memory, until the %s "
+            "tier can hold it (%s)",
+            record.key,
+            tier,
+            f" ({skipped} more such acquire(s) since the last line)" if skipped else "",
+            tier,
+            refused.message,
+        )
 
     def _check_device(self, device: str | None) -> None:
         if self.res.gpu is None or device is None:
@@ -613,6 +704,7 @@ class Store:
                 self.res.sync_disk_ledger()
                 crashpoint("rm.blob_removed")
             self._manifests.pop(r.digest, None)
+            self._degraded_log.pop(r.digest, None)
             self.res.forget(r.digest)
         self._remove_strays({r.name for r in records})
         self._update_gauges()

@@ -42,7 +42,7 @@ op         args                                                result (+ fds)
 =========  ==================================================  ==============================
 hello      client: str                                         daemon_version, protocol, pid
 acquire    name, version?, digest?, tier? ("cpu"|"gpu"|"disk"),lease, tier, manifest, handle
-           device? (GPU UUID or index)                         (+ 1 fd: memfd or CUDA VMM fd)
+           device? (GPU UUID or index), strict? (bool)         (+ 1 fd: memfd or CUDA VMM fd)
 release    lease                                               {}
 info       name, version?                                      model
 list       -                                                   models
@@ -63,6 +63,11 @@ disk-tier file, for ``tier: "disk"`` and for the CPU tier's file backing; mapped
 ``{"kind": "cuda_vmm", "device_uuid", "size", "alloc_size"}`` (import with
 ``cuMemImportFromShareableHandle``), or ``{"kind": "cuda_ipc", "device_uuid", "ipc_handle"}``
 (hex; no fd; the legacy fallback).
+
+An ``acquire`` of the ``"cpu"`` tier that the tier cannot hold (its budget held by leased or
+pinned copies, or memory pressure) is answered from the disk tier: ``tier: "disk"``, a ``file``
+handle, and ``degraded_from: "cpu"``; with ``strict: true`` it fails with
+``resource_exhausted`` instead (Note [degraded acquires] in ``trims.daemon.store``).
 
 Admin operations are answered only on the admin socket (mode 0600); the store socket that
 function instances get (mode 0660) answers the first six. Function code therefore can acquire

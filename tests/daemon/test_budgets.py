@@ -95,7 +95,7 @@ def test_never_policy_and_leases_and_pins_exhaust_the_budget(
         leased, fds = client.call("acquire", name="b")
         os.close(fds[0])
         with pytest.raises(ResourceExhausted) as info:
-            client.call("acquire", name="c")
+            client.call("acquire", name="c", strict=True)
         assert "8.0 KiB" in info.value.message and "4.0 KiB" in info.value.message
         assert info.value.details["needed"] == 4096
         assert client.result("hello")["protocol"] == 1
@@ -114,7 +114,7 @@ def test_never_policy_and_leases_and_pins_exhaust_the_budget(
     with RawClient(never.socket) as client:
         _touch(client, "a")
         with pytest.raises(ResourceExhausted, match="policy never"):
-            client.call("acquire", name="b")
+            client.call("acquire", name="b", strict=True)
 
 
 def test_a_model_larger_than_the_budget_is_refused(
@@ -123,7 +123,7 @@ def test_a_model_larger_than_the_budget_is_refused(
     daemon = start_daemon(models={"a": {"w": np.zeros(2048, np.float32)}}, cpu_budget="4KiB")
     with RawClient(daemon.socket) as client:
         with pytest.raises(ResourceExhausted):
-            client.call("acquire", name="a")
+            client.call("acquire", name="a", strict=True)
         result, fds = client.call("acquire", name="a", tier="disk")
         os.close(fds[0])
         assert result["handle"] == {"kind": "file", "size": 8192}

@@ -49,7 +49,13 @@ def test_ledger_counts_reservations_and_names_the_shortfall() -> None:
     assert [r.digest for r in ledger.plan(200, lambda r: True)] == ["a"]
     with pytest.raises(ResourceExhausted) as info:
         ledger.plan(200, lambda r: False)
-    assert info.value.details == {"tier": "cpu", "budget": 1000, "needed": 200, "used": 900}
+    assert info.value.details == {
+        "tier": "cpu",
+        "reason": "budget",
+        "budget": 1000,
+        "needed": 200,
+        "used": 900,
+    }
     with pytest.raises(ResourceExhausted, match="disabled"):
         TierLedger("gpu", 0, "lru").plan(1, lambda r: True)
     with pytest.raises(ValidationError):

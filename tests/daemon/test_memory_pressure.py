@@ -46,8 +46,10 @@ class Node:
     def reading(self) -> MemoryReading:
         return MemoryReading(self.others + self.store.res.ledgers["cpu"].used, LIMIT)
 
-    async def acquire(self, name: str) -> str:
-        reply = await self.store.acquire(CALLER, name, None, None, "cpu", None)
+    async def acquire(self, name: str, *, strict: bool = False) -> str:
+        reply = await self.store.acquire(CALLER, name, None, None, "cpu", None, strict=strict)
+        for fd in reply.fds if reply.close_fds else ():
+            os.close(fd)
         return str(reply.result["lease"])
 
     async def touch(self, name: str) -> None:
@@ -137,13 +139,19 @@ async def test_with_only_leased_and_pinned_copies_left_the_pressure_stays_and_lo
     (stuck,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "no copy in the cpu tier can be demoted (2 leased or pinned, 128.0 KiB)" in stuck
     with pytest.raises(ResourceExhausted) as refused:
-        await n.acquire("c")
+        await n.acquire("c", strict=True)
     message = refused.value.message
     assert "cannot load c:1 (64.0 KiB) into the cpu tier" in message
     assert "640.0 KiB limit" in message and "high watermark (90%" in message
     assert "2 copies (128.0 KiB) are leased or pinned" in message
     assert refused.value.details["reason"] == "memory"
     assert n.metric("trims_daemon_loads_refused_total", tier="cpu", reason="memory") == 1
+    # not strict: the disk file instead (Note [degraded acquires] in trims.daemon.store)
+    degraded = await n.store.acquire(CALLER, "c", None, None, "cpu", None)
+    assert (degraded.result["tier"], degraded.result["degraded_from"]) == ("disk", "cpu")
+    os.close(degraded.fds[0])
+    n.store.release(CALLER, degraded.result["lease"])
+    assert n.metric("trims_daemon_acquires_degraded_total", tier="cpu", reason="memory") == 1
     # what is resident is still served; nothing was demoted for the refused load
     n.store.release(CALLER, await n.acquire("a"))
     assert n.in_cpu() == {"a", "b"}
