@@ -90,4 +90,3 @@ class MLServer(Peer):
 
 
 PEER = MLServer
-

@@ -69,12 +69,12 @@ from trims.runtime.gateway.tensors import (
 from trims.runtime.settings import GatewaySettings
 
 __all__ = [
+    "INFER_ROUTE",
+    "INFER_VERSION_ROUTE",
     "FastConnection",
     "FastInvoke",
     "Head",
     "check_reply",
-    "INFER_ROUTE",
-    "INFER_VERSION_ROUTE",
     "fast_invoke_for",
     "parse_head",
     "response_head",
