@@ -3,6 +3,7 @@ peer, the issue's targets met or missed, and a figure (bars per case, the best p
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -326,10 +327,13 @@ def write_figure(doc: dict[str, Any], path: Path) -> None:
         names = list(case.values)
         ax.bar(names, [case.values[s] for s in names], color=[colour(case, s) for s in names])
         better = "lower" if case.lower_is_better else "higher"
-        ax.set_title(f"{case.title}\n({case.unit}, {better} is better)", fontsize=8)
+        ax.set_title(
+            textwrap.fill(f"{case.title} ({case.unit}, {better} is better)", 48), fontsize=8
+        )
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
         ax.tick_params(axis="y", labelsize=7)
-        if case.key == "first_response":
+        values = [v for v in case.values.values() if v > 0]
+        if values and max(values) > 20 * min(values):  # the small bars would not show
             ax.set_yscale("log")
     for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
