@@ -62,11 +62,11 @@ def _values(rows: dict[str, Any], field: str) -> dict[str, float]:
 
 
 def cases(doc: dict[str, Any]) -> list[Case]:
-    """Every case of ``doc`` that two systems or more were measured on."""
+    """Every case of ``doc`` that a system was measured on."""
     systems = doc.get("systems", [])
     peers = [s for s in systems if s != "trims"]
     out: list[Case] = []
-    for cache, factor, target in (
+    for cache, cold_factor, cold_target in (
         ("warm", 1.0, "at most the best peer's in-process load"),
         ("dropped", 0.5, "at most 0.5x the best peer's in-process load"),
     ):
@@ -79,8 +79,8 @@ def cases(doc: dict[str, Any]) -> list[Case]:
                 "ms",
                 True,
                 _values(rows, "overhead_ms"),
-                factor,
-                target,
+                cold_factor,
+                cold_target,
             )
         )
     rows = {"trims": _cold(doc, "trims", "scale_from_zero", "cpu", "warm")}
