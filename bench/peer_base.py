@@ -269,6 +269,34 @@ class PeerServer:
         self.log.close()
 
 
+class V2RepositoryServer(PeerServer):
+    """A peer serving the Open Inference Protocol on ``url``, with its model repository
+    extension (``/v2/repository/models/NAME/load`` and ``unload``) as its load API."""
+
+    #: the peer's name in errors
+    label = "the server"
+
+    def __init__(
+        self, port: int, cmd: Sequence[str], log: Path, env: dict[str, str], cwd: Path
+    ) -> None:
+        super().__init__(cmd, log, env, cwd)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def infer_url(self, model: str) -> str:
+        return f"{self.url}/v2/models/{model}/infer"
+
+    async def load(self, session: Any, model: str) -> None:
+        await self._repository(session, model, "load")
+
+    async def unload(self, session: Any, model: str) -> None:
+        await self._repository(session, model, "unload")
+
+    async def _repository(self, session: Any, model: str, op: str) -> None:
+        async with session.post(f"{self.url}/v2/repository/models/{model}/{op}") as r:
+            if r.status != 200:
+                raise RuntimeError(f"{self.label} {op} {model}: {r.status} {await r.text()}")
+
+
 class _gone:
     """Ignores ProcessLookupError: the process (group) had already ended."""
 

@@ -22,7 +22,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from peer_base import HERE, ModelFile, Peer, PeerServer, Request, v2_binary_request
+from peer_base import (
+    HERE,
+    ModelFile,
+    Peer,
+    PeerServer,
+    Request,
+    V2RepositoryServer,
+    v2_binary_request,
+)
 from runtime_common import free_port
 
 SERVER = HERE / "peers_kserve" / "peers_server.py"
@@ -32,13 +40,15 @@ STARTED = re.compile(r"^\S+ \S+ (\d+) uvicorn\.error INFO:\s+Application startup
 EXIT_TIMEOUT_S = 10.0
 
 
-class KServeServer(PeerServer):
+class KServeServer(V2RepositoryServer):
     """KServe's workers accept from one shared listening socket, and a connection stays with
     the worker that accepted it: a client's pooled connections reach the workers by the race
     for each accept, so n concurrent requests need not meet n workers (1 of 4 tries met all 4
     here). :meth:`wait` therefore also waits for every worker to serve; bench/peers.py then
     has every replica run a forward pass over new connections (a connection per request goes
     to whichever worker is idle)."""
+
+    label = "KServe"
 
     def __init__(
         self,
@@ -49,8 +59,7 @@ class KServeServer(PeerServer):
         env: dict[str, str],
         cwd: Path,
     ):
-        super().__init__(cmd, log, env, cwd)
-        self.url = f"http://127.0.0.1:{port}"
+        super().__init__(port, cmd, log, env, cwd)
         self.processes = processes
 
     def serving(self) -> set[int]:
@@ -85,24 +94,10 @@ class KServeServer(PeerServer):
             time.sleep(0.01)
         raise RuntimeError(f"KServe's process group {self.proc.pid} outlived SIGKILL")
 
-    def infer_url(self, model: str) -> str:
-        return f"{self.url}/v2/models/{model}/infer"
-
     def request(self, model: str, width: int, binary: bool = False) -> Request | None:
         if binary:
             return v2_binary_request(width)
         return super().request(model, width)
-
-    async def load(self, session: Any, model: str) -> None:
-        await self._repository(session, model, "load")
-
-    async def unload(self, session: Any, model: str) -> None:
-        await self._repository(session, model, "unload")
-
-    async def _repository(self, session: Any, model: str, op: str) -> None:
-        async with session.post(f"{self.url}/v2/repository/models/{model}/{op}") as r:
-            if r.status != 200:
-                raise RuntimeError(f"KServe {op} {model}: {r.status} {await r.text()}")
 
 
 class KServe(Peer):

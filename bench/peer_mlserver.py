@@ -16,28 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from peer_base import ModelFile, Peer, PeerServer
+from peer_base import ModelFile, Peer, PeerServer, V2RepositoryServer
 from runtime_common import free_port
 
 
-class MLServerServer(PeerServer):
-    def __init__(self, port: int, cmd: list[str], log: Path, env: dict[str, str], cwd: Path):
-        super().__init__(cmd, log, env, cwd)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def infer_url(self, model: str) -> str:
-        return f"{self.url}/v2/models/{model}/infer"
-
-    async def load(self, session: Any, model: str) -> None:
-        await self._repository(session, model, "load")
-
-    async def unload(self, session: Any, model: str) -> None:
-        await self._repository(session, model, "unload")
-
-    async def _repository(self, session: Any, model: str, op: str) -> None:
-        async with session.post(f"{self.url}/v2/repository/models/{model}/{op}") as r:
-            if r.status != 200:
-                raise RuntimeError(f"MLServer {op} {model}: {r.status} {await r.text()}")
+class MLServerServer(V2RepositoryServer):
+    label = "MLServer"
 
 
 class MLServer(Peer):
